@@ -1,0 +1,185 @@
+// cpuattn: fast, multithreaded CPU attention.
+//
+//   out = softmax(scale * Q K^T + M) V        for every batch b and query head h
+//
+// Shapes (logical; memory layout is given by strides, see TensorView):
+//   Q   [B, H,   Lq, D]      K [B, Hkv, Lk, D]      V [B, Hkv, Lk, Dv]
+//   out [B, H,   Lq, Dv]     lse [B, H, Lq]         weights [B, H, Lq, Lk]
+// H must be a multiple of Hkv: query head h reads K/V head h / (H / Hkv) (grouped-query
+// attention; Hkv == 1 is multi-query attention). Dv may differ from D.
+//
+// Masks (all optional; they combine, a key is attended only if every mask allows it):
+//   * causal top-left:      query i sees keys j <= i
+//   * causal bottom-right:  query i sees keys j <= i + Lk - Lq (KV-cache decoding)
+//   * boolean mask:         true = may attend; broadcastable to [B, H, Lq, Lk] (numpy rules)
+//   * additive float mask:  added to the scaled scores; broadcastable to [B, H, Lq, Lk]
+//   * key lengths [B]:      keys at positions >= key_lengths[b] are masked (padded batches)
+// A row whose every key is masked gives out = 0 and lse = -inf (weights 0). An additive mask of
+// finite values (e.g. -1e9) is plain arithmetic: a row that is -1e9 everywhere averages V.
+// NaN or Inf in the inputs only affect the rows they reach.
+//
+// Every entry point validates all arguments before it writes anything: on bad input it throws
+// cpuattn::Error, whose message names the argument and the shapes, and leaves outputs untouched.
+//
+// This header is plain C++20: no SIMD library or threading library types appear in it.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace cpuattn {
+
+// Thrown for every invalid argument. The message starts with "cpuattn: ".
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Element types. Q/K/V/out are f32 today; the enum leaves room for bf16/f16 inputs.
+// boolean is one byte per element (0 = false, anything else = true); i32/i64 are for lengths.
+enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64 };
+
+const char* dtype_name(DType dtype);
+std::size_t dtype_size(DType dtype);
+
+inline constexpr int kMaxRank = 4;
+
+// A non-owning strided view of up to 4 dimensions. Strides count elements, not bytes.
+// P is `const void` for inputs (TensorView) and `void` for outputs (OutputView).
+template <class P>
+struct BasicView {
+  P* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<std::int64_t, kMaxRank> shape{};
+  std::array<std::int64_t, kMaxRank> strides{};
+
+  // Row-major (C order) view of `shape`.
+  static BasicView contiguous(P* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+    BasicView t;
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = static_cast<int>(shape.size());
+    int i = 0;
+    for (std::int64_t s : shape) {
+      if (i < kMaxRank) t.shape[i] = s;
+      ++i;
+    }
+    std::int64_t stride = 1;
+    for (int d = (t.rank < kMaxRank ? t.rank : kMaxRank) - 1; d >= 0; --d) {
+      t.strides[d] = stride;
+      stride *= t.shape[d];
+    }
+    return t;
+  }
+
+  // Logical [B, H, L, D] view of memory laid out as [B, L, H, D] (the layout of a projection's
+  // output before heads are split): no copy, only strides.
+  static BasicView blhd(P* data, DType dtype, std::int64_t B, std::int64_t L, std::int64_t H,
+                        std::int64_t D) {
+    BasicView t;
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = 4;
+    t.shape = {B, H, L, D};
+    t.strides = {L * H * D, D, H * D, 1};
+    return t;
+  }
+
+  // An output view converts to an input view, never the other way round.
+  template <class Q = P>
+  operator BasicView<const void>() const {
+    BasicView<const void> t;
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = rank;
+    t.shape = shape;
+    t.strides = strides;
+    return t;
+  }
+};
+
+using TensorView = BasicView<const void>;
+using OutputView = BasicView<void>;
+
+// Shorthand for contiguous f32 tensors, the common case.
+inline TensorView f32_view(const float* data, std::initializer_list<std::int64_t> shape) {
+  return TensorView::contiguous(data, DType::f32, shape);
+}
+inline OutputView f32_view(float* data, std::initializer_list<std::int64_t> shape) {
+  return OutputView::contiguous(data, DType::f32, shape);
+}
+
+enum class Causal : std::uint8_t { none, top_left, bottom_right };
+
+struct AttentionOptions {
+  // Multiplies Q K^T. Default 1/sqrt(D). Must be finite and > 0. Use 1 for "no scaling" and
+  // 1/T for a softmax temperature T.
+  std::optional<double> scale;
+  Causal causal = Causal::none;
+  // Boolean (true = may attend) or f32 additive mask, rank 1..4, broadcastable to
+  // [B, H, Lq, Lk]. The last dimension must be contiguous or broadcast (size 1).
+  std::optional<TensorView> mask;
+  // i32 or i64, shape [B], every value in [0, Lk].
+  std::optional<TensorView> key_lengths;
+  // Optional outputs: f32 log-sum-exp of each row's (scaled, masked) scores [B, H, Lq], and the
+  // attention weights [B, H, Lq, Lk] (what people plot as a heatmap).
+  std::optional<OutputView> lse;
+  std::optional<OutputView> weights;
+};
+
+// Instruction sets the fast path can be capped to. `best` means no cap.
+enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, best };
+
+const char* target_name(Target target);
+// Parses "scalar", "sse4", "avx2", "avx512" or "best"; throws Error otherwise.
+Target parse_target(const std::string& name);
+
+// Execution context: which threads run the fast path, a cap on the SIMD target, and the
+// scratch memory kernels reuse between calls (so steady-state calls do not allocate).
+// A Context may be used by several threads at once. Without one, calls use a process-wide
+// default context that runs on the caller's oneTBB arena and honours CPUATTN_TARGET.
+class Context {
+ public:
+  // num_threads == 0: run in the calling thread's task arena (whatever oneTBB arena the caller
+  // is in, or the default one). num_threads > 0: run in an arena of exactly that many threads.
+  explicit Context(int num_threads = 0);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int num_threads() const;  // the configured value (0 = caller's arena)
+  // Caps the SIMD target. A target the CPU lacks falls back to the best one below it.
+  // The default context starts from the environment variable CPUATTN_TARGET, if set.
+  void set_max_target(Target target);
+  Target max_target() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The fused fast path: f32 in, f32 out. Deterministic: the result does not depend on the
+// number of threads. When opts.weights is requested the call takes the simpler unfused path.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
+               const AttentionOptions& opts = {}, Context* context = nullptr);
+
+// The oracle: same semantics, accumulates in double precision. Accepts f32 or f64 tensors and
+// writes f32 or f64 outputs. Slow and plain by design; every fast path is tested against it.
+void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const OutputView& out, const AttentionOptions& opts = {});
+
+// The SIMD target the fast path would run on with `context` (or the default context).
+Target active_target(const Context* context = nullptr);
+// The targets this CPU and this build support, best first.
+std::string supported_targets();
+
+}  // namespace cpuattn

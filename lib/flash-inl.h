@@ -1,0 +1,428 @@
+// The fused flash-attention kernel, written once against a small set of vector operations.
+//
+// The includer opens the namespace and defines `Ops`, a struct of static vector operations
+// (see hwy_ops-inl.h); this file adds the templates that tile, mask, run the online softmax and
+// accumulate P V. It includes nothing itself. Per-target include guard, as Highway's -inl.h
+// convention requires: the body is compiled once per target inside that target's namespace.
+//
+// Layout of one task's work (all f32):
+//   Qp  [rows][D]           query rows of one block, pre-multiplied by scale * log2(e) so that
+//                           the softmax runs in base 2 (exp2 is cheaper than exp).
+//   Kp  [panels][D][W]      a K block transposed into panels of W = 2 vectors of keys, so the
+//                           score micro-kernel streams W contiguous keys per d.
+//   Vp  [chunks][nk][CW]    a V block split into column chunks of CW = kPvCols vectors, so the
+//                           P V micro-kernel streams one contiguous chunk per key.
+//   S   [rows][Nk]          the scores of one (Q block, K block) pair, then the probabilities.
+//   Acc [rows][DvP]         the unnormalized output, DvP = Dv rounded up to a vector.
+#if defined(CPUATTN_FLASH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_FLASH_INL_H_
+#undef CPUATTN_FLASH_INL_H_
+#else
+#define CPUATTN_FLASH_INL_H_
+#endif
+
+// Masking of one score row inside the score micro-kernel's epilogue, while the scores are still in
+// registers. `end` is the first key (relative to the tile) this row may not see; `mask` points at
+// the row's mask entries for the tile's first key (nullptr: no mask tensor).
+struct RowMask {
+  std::int32_t end;
+  const void* mask;
+};
+
+struct MaskInfo {
+  detail::MaskKind kind;
+  std::int64_t stride;  // element stride of the mask along keys (0 = broadcast)
+};
+
+template <class O>
+HWY_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, const RowMask& rm,
+                                      const MaskInfo& mi) {
+  constexpr int N = O::kLanes;
+  if (rm.mask != nullptr) {
+    if (mi.kind == detail::MaskKind::additive) {
+      const float* m = static_cast<const float*>(rm.mask) + col0 * mi.stride;
+      typename O::V add;
+      if (mi.stride == 1) {
+        add = O::LoadU(m);
+      } else {
+        alignas(64) float tmp[N];
+        for (int i = 0; i < N; ++i) tmp[i] = m[i * mi.stride];
+        add = O::Load(tmp);
+      }
+      s = O::MulAdd(add, O::Set(1.4426950408889634f), s);
+    } else {
+      const std::uint8_t* m = static_cast<const std::uint8_t*>(rm.mask) + col0 * mi.stride;
+      if (mi.stride == 1) {
+        s = O::KeepIfByteSet(s, m);
+      } else {
+        alignas(64) std::uint8_t tmp[N];
+        for (int i = 0; i < N; ++i) tmp[i] = m[i * mi.stride];
+        s = O::KeepIfByteSet(s, tmp);
+      }
+    }
+  }
+  return O::KeepBelow(s, col0, rm.end);
+}
+
+// Scores of R rows x W = 2 vectors of keys: S[r][0:W] = Qp[r] . Kp panel. R * 2 accumulators stay
+// in registers for the whole D loop; each d costs 2 loads, R broadcasts and 2R FMAs.
+template <class O, int R, bool kMasked>
+HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, std::int64_t D, const float* HWY_RESTRICT kp,
+                          float* HWY_RESTRICT s, std::int64_t s_stride, std::int32_t col0,
+                          const RowMask* rows, const MaskInfo& mi) {
+  using V = typename O::V;
+  constexpr int N = O::kLanes;
+  V acc0[R], acc1[R];
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = O::Zero();
+  for (std::int64_t d = 0; d < D; ++d) {
+    const V b0 = O::Load(kp + d * 2 * N);
+    const V b1 = O::Load(kp + d * 2 * N + N);
+    HWY_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const V a = O::Set(q[r * D + d]);
+      acc0[r] = O::MulAdd(a, b0, acc0[r]);
+      acc1[r] = O::MulAdd(a, b1, acc1[r]);
+    }
+  }
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    if constexpr (kMasked) {
+      acc0[r] = ApplyRowMask<O>(acc0[r], col0, rows[r], mi);
+      acc1[r] = ApplyRowMask<O>(acc1[r], col0 + N, rows[r], mi);
+    }
+    O::Store(acc0[r], s + r * s_stride);
+    O::Store(acc1[r], s + r * s_stride + N);
+  }
+}
+
+template <class O, bool kMasked>
+void ScoreRows(int R, const float* q, std::int64_t D, const float* kp, float* s,
+               std::int64_t s_stride, std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
+  static_assert(O::kScoreRows <= 12, "extend the switch below");
+  switch (R) {
+#define CPUATTN_SCORE_CASE(n)                                          \
+  case n:                                                              \
+    if constexpr (n <= O::kScoreRows)                                  \
+      ScoreTile<O, n, kMasked>(q, D, kp, s, s_stride, col0, rows, mi); \
+    break;
+    CPUATTN_SCORE_CASE(1)
+    CPUATTN_SCORE_CASE(2)
+    CPUATTN_SCORE_CASE(3)
+    CPUATTN_SCORE_CASE(4)
+    CPUATTN_SCORE_CASE(5)
+    CPUATTN_SCORE_CASE(6)
+    CPUATTN_SCORE_CASE(7)
+    CPUATTN_SCORE_CASE(8)
+    CPUATTN_SCORE_CASE(9)
+    CPUATTN_SCORE_CASE(10)
+    CPUATTN_SCORE_CASE(11)
+    CPUATTN_SCORE_CASE(12)
+#undef CPUATTN_SCORE_CASE
+    default:
+      break;
+  }
+}
+
+// Acc[R][0:C vectors] += P[R][0:nk] . Vp chunk [nk][CW]. R * C accumulators in registers; each key
+// costs C loads, R broadcasts and R*C FMAs.
+template <class O, int R, int C>
+HWY_INLINE void PvTile(const float* HWY_RESTRICT p, std::int64_t p_stride,
+                       const float* HWY_RESTRICT vp, std::int64_t cw, std::int64_t nk,
+                       float* HWY_RESTRICT acc_out, std::int64_t acc_stride) {
+  using V = typename O::V;
+  constexpr int N = O::kLanes;
+  V acc[R][C];
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(16)
+    for (int c = 0; c < C; ++c) acc[r][c] = O::Load(acc_out + r * acc_stride + c * N);
+  }
+  for (std::int64_t k = 0; k < nk; ++k) {
+    V vv[C];
+    HWY_UNROLL(16)
+    for (int c = 0; c < C; ++c) vv[c] = O::Load(vp + k * cw + c * N);
+    HWY_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const V a = O::Set(p[r * p_stride + k]);
+      HWY_UNROLL(16)
+      for (int c = 0; c < C; ++c) acc[r][c] = O::MulAdd(a, vv[c], acc[r][c]);
+    }
+  }
+  HWY_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(16)
+    for (int c = 0; c < C; ++c) O::Store(acc[r][c], acc_out + r * acc_stride + c * N);
+  }
+}
+
+template <class O, int C>
+void PvRowsC(int R, const float* p, std::int64_t p_stride, const float* vp, std::int64_t cw,
+             std::int64_t nk, float* acc, std::int64_t acc_stride) {
+  switch (R) {
+#define CPUATTN_PV_CASE(n)                                                                    \
+  case n:                                                                                     \
+    if constexpr (n <= O::kPvRows) PvTile<O, n, C>(p, p_stride, vp, cw, nk, acc, acc_stride); \
+    break;
+    CPUATTN_PV_CASE(1)
+    CPUATTN_PV_CASE(2)
+    CPUATTN_PV_CASE(3)
+    CPUATTN_PV_CASE(4)
+    CPUATTN_PV_CASE(5)
+    CPUATTN_PV_CASE(6)
+    CPUATTN_PV_CASE(7)
+    CPUATTN_PV_CASE(8)
+#undef CPUATTN_PV_CASE
+    default:
+      break;
+  }
+}
+
+template <class O>
+void PvRows(int R, int C, const float* p, std::int64_t p_stride, const float* vp, std::int64_t cw,
+            std::int64_t nk, float* acc, std::int64_t acc_stride) {
+  static_assert(O::kPvRows <= 8 && O::kPvCols <= 4, "extend the switches");
+  switch (C) {
+    case 1:
+      PvRowsC<O, 1>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      break;
+    case 2:
+      if constexpr (O::kPvCols >= 2) PvRowsC<O, 2>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      break;
+    case 3:
+      if constexpr (O::kPvCols >= 3) PvRowsC<O, 3>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      break;
+    case 4:
+      if constexpr (O::kPvCols >= 4) PvRowsC<O, 4>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      break;
+    default:
+      break;
+  }
+}
+
+// Geometry shared by packing and compute, derived from the problem and the target.
+template <class O>
+struct Geometry {
+  static constexpr int N = O::kLanes;
+  static constexpr int W = 2 * N;            // keys per score panel
+  static constexpr int CW = O::kPvCols * N;  // values per P V chunk
+  std::int64_t D, Dv, DvP, Nk;
+  std::int64_t k_block_floats() const { return Nk * D; }    // Kp of one block
+  std::int64_t v_block_floats() const { return Nk * DvP; }  // Vp of one block
+  std::int64_t kv_block_floats() const { return k_block_floats() + v_block_floats(); }
+  explicit Geometry(const detail::Problem& p, std::int64_t block_keys)
+      : D(p.D), Dv(p.Dv), DvP((p.Dv + N - 1) / N * N), Nk(block_keys) {}
+};
+
+// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded).
+template <class O>
+void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+            std::int64_t j0, std::int64_t nk, float* HWY_RESTRICT kp, float* HWY_RESTRICT vp) {
+  constexpr int W = Geometry<O>::W;
+  constexpr int CW = Geometry<O>::CW;
+  const float* K = static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
+  const float* Vs = static_cast<const float*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
+  const std::int64_t panels = (nk + W - 1) / W;
+  for (std::int64_t pi = 0; pi < panels; ++pi) {
+    float* dst = kp + pi * g.D * W;
+    const std::int64_t n = std::min<std::int64_t>(W, nk - pi * W);
+    for (std::int64_t w = 0; w < n; ++w) {
+      const float* src = K + (j0 + pi * W + w) * p.k.s[2];
+      for (std::int64_t d = 0; d < g.D; ++d) dst[d * W + w] = src[d];
+    }
+    for (std::int64_t w = n; w < W; ++w) {
+      for (std::int64_t d = 0; d < g.D; ++d) dst[d * W + w] = 0.0f;
+    }
+  }
+  for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+    const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+    float* dst = vp + c0 * nk;  // chunk c0 holds nk rows of cw values
+    const std::int64_t valid = std::max<std::int64_t>(0, std::min(cw, g.Dv - c0));
+    for (std::int64_t k = 0; k < nk; ++k) {
+      const float* src = Vs + (j0 + k) * p.v.s[2] + c0;
+      float* row = dst + k * cw;
+      for (std::int64_t c = 0; c < valid; ++c) row[c] = src[c];
+      for (std::int64_t c = valid; c < cw; ++c) row[c] = 0.0f;
+    }
+  }
+}
+
+// Runs task t of the plan: one (batch, K/V head, head split, chunk of query blocks, key split).
+// K/V blocks are packed once per task: kept for all query blocks when the chunk has several,
+// else packed into one reused slot (decode), so K/V far larger than the caches stream once.
+template <class O>
+void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                 detail::Scratch& scratch) {
+  constexpr int W = Geometry<O>::W;
+  constexpr int CW = Geometry<O>::CW;
+  const Geometry<O> g(p, O::kBlockKeys);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const float kLog2e = 1.4426950408889634f;
+
+  const std::int64_t ks = t % pl.k_splits;
+  t /= pl.k_splits;
+  const std::int64_t qc = t % pl.q_chunks;
+  t /= pl.q_chunks;
+  const std::int64_t hs = t % pl.head_splits;
+  t /= pl.head_splits;
+  const std::int64_t hk = t % p.Hkv;
+  const std::int64_t b = t / p.Hkv;
+
+  const std::int64_t nh = std::min(pl.heads_per_block, p.group - hs * pl.heads_per_block);
+  const std::int64_t h0 = hk * p.group + hs * pl.heads_per_block;
+  const std::int64_t qb0 = qc * pl.blocks_per_chunk;
+  const std::int64_t qb1 = std::min(pl.q_blocks, qb0 + pl.blocks_per_chunk);
+  const std::int64_t k0 = ks * pl.keys_per_split;
+  const std::int64_t k1 = std::min(p.Lk, k0 + pl.keys_per_split);
+  const bool keep_packed = qb1 - qb0 > 1;
+
+  // Scratch: Qp, S, Acc, m, l, row masks, then the packed K/V blocks.
+  const std::int64_t rows_max = pl.rows;
+  float* qp = scratch.get(detail::task_scratch_floats(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed));
+  float* s = qp + rows_max * g.D;
+  float* acc = s + rows_max * g.Nk;
+  float* m = acc + rows_max * g.DvP;
+  float* l = m + rows_max;
+  RowMask* rm = reinterpret_cast<RowMask*>(l + rows_max);
+  float* kv = reinterpret_cast<float*>(rm + rows_max);
+  kv += (64 - reinterpret_cast<std::uintptr_t>(kv) % 64) % 64 / sizeof(float);
+  std::int64_t packed_blocks = 0;  // with keep_packed: blocks [0, packed_blocks) are ready
+
+  const MaskInfo mi{p.mask_kind, p.mask.s[3]};
+  const float qscale = static_cast<float>(p.scale) * kLog2e;
+
+  for (std::int64_t qb = qb0; qb < qb1; ++qb) {
+    const std::int64_t pos0 = qb * pl.pos_per_block;
+    const std::int64_t pos1 = std::min(p.Lq, pos0 + pl.pos_per_block);
+    const int rows = static_cast<int>((pos1 - pos0) * nh);
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
+      const float* src =
+          static_cast<const float*>(p.q.data) + b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2];
+      for (std::int64_t d = 0; d < g.D; ++d) qp[r * g.D + d] = src[d] * qscale;
+      m[r] = neg_inf;
+      l[r] = 0.0f;
+    }
+    std::fill(acc, acc + rows * g.DvP, 0.0f);
+    // Causal and key-length limits: rows see keys [0, end(i)), end non-decreasing in i.
+    const std::int64_t end_lo = std::min(k1, p.key_end(b, pos0));
+    const std::int64_t end_hi = std::min(k1, p.key_end(b, pos1 - 1));
+
+    for (std::int64_t kb0 = k0; kb0 < end_hi; kb0 += g.Nk) {
+      const std::int64_t nk = std::min(g.Nk, k1 - kb0);
+      const std::int64_t slot = keep_packed ? (kb0 - k0) / g.Nk : 0;
+      float* kp = kv + slot * g.kv_block_floats();
+      float* vp = kp + g.k_block_floats();
+      if (!keep_packed || slot >= packed_blocks) {
+        PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+        if (keep_packed) packed_blocks = slot + 1;
+      }
+      // Keys of this block that some row may see, rounded up to whole panels.
+      const std::int64_t nk_live = std::min(nk, end_hi - kb0);
+      const std::int64_t ncols = (nk_live + W - 1) / W * W;
+      // Columns [0, clean) need no per-element mask for any row.
+      const std::int64_t clean = p.mask_kind != detail::MaskKind::none
+                                     ? 0
+                                     : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
+      for (int r = 0; r < rows; ++r) {
+        const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
+        rm[r].end = static_cast<std::int32_t>(
+            std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
+        rm[r].mask =
+            p.mask_kind == detail::MaskKind::none
+                ? nullptr
+                : static_cast<const char*>(p.mask.data) +
+                      (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + kb0 * p.mask.s[3]) *
+                          static_cast<std::int64_t>(dtype_size(p.mask.dtype));
+      }
+
+      // 1. Scores, masked in the micro-kernel epilogue where needed.
+      for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+        const float* panel = kp + (c0 / W) * g.D * W;
+        const bool masked = c0 + W > clean;
+        for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+          const int R = std::min(O::kScoreRows, rows - r0);
+          if (masked) {
+            ScoreRows<O, true>(R, qp + r0 * g.D, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                               static_cast<std::int32_t>(c0), rm + r0, mi);
+          } else {
+            ScoreRows<O, false>(R, qp + r0 * g.D, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                static_cast<std::int32_t>(c0), rm + r0, mi);
+          }
+        }
+      }
+
+      // 2. Online softmax: rescale the accumulator only when a row's max grows.
+      for (int r = 0; r < rows; ++r) {
+        float* srow = s + r * g.Nk;
+        typename O::V vmax = O::Set(neg_inf);
+        for (std::int64_t c = 0; c < ncols; c += O::kLanes) vmax = O::Max(vmax, O::Load(srow + c));
+        const float block_max = O::ReduceMax(vmax);
+        // A NaN score poisons its row (as in the reference); std::max would drop it.
+        const float m_new = (block_max > m[r] || std::isnan(block_max)) ? block_max : m[r];
+        if (m_new == neg_inf) {
+          // Nothing visible yet, unless the vector max dropped a NaN (x86 max returns its
+          // second operand when either is NaN): then the row is poisoned, as in the reference.
+          if (std::any_of(srow, srow + ncols, [](float x) { return std::isnan(x); })) {
+            m[r] = l[r] = std::numeric_limits<float>::quiet_NaN();
+          }
+          std::fill(srow, srow + ncols, 0.0f);
+          continue;
+        }
+        if (!(m_new == m[r])) {
+          const float alpha = O::Exp2Scalar(m[r] - m_new);
+          if (l[r] != 0.0f) {
+            l[r] *= alpha;
+            const typename O::V va = O::Set(alpha);
+            float* arow = acc + r * g.DvP;
+            for (std::int64_t c = 0; c < g.DvP; c += O::kLanes)
+              O::Store(O::Mul(O::Load(arow + c), va), arow + c);
+          }
+          m[r] = m_new;
+        }
+        const typename O::V vm = O::Set(m[r]);
+        typename O::V vsum = O::Zero();
+        for (std::int64_t c = 0; c < ncols; c += O::kLanes) {
+          const typename O::V e = O::Exp2(O::Sub(O::Load(srow + c), vm));
+          O::Store(e, srow + c);
+          vsum = O::Add(vsum, e);
+        }
+        l[r] += O::ReduceSum(vsum);
+      }
+
+      // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
+      for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+        const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+        const float* vchunk = vp + c0 * nk;
+        for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
+          const int R = std::min(O::kPvRows, rows - r0);
+          PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw, nk_live,
+                    acc + r0 * g.DvP + c0, g.DvP);
+        }
+      }
+    }
+
+    // 4. Normalize once, or hand the unnormalized state to the merge.
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
+      const float* arow = acc + r * g.DvP;
+      if (pl.k_splits > 1) {
+        float* dst = detail::partial_row(p, pl, b, h, i, ks);
+        dst[0] = m[r];
+        dst[1] = l[r];
+        std::copy(arow, arow + g.Dv, dst + 2);
+        continue;
+      }
+      float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+      const bool empty = m[r] == neg_inf;
+      const float inv = empty ? 0.0f : 1.0f / l[r];
+      for (std::int64_t d = 0; d < g.Dv; ++d) dst[d] = arow[d] * inv;
+      if (p.lse != nullptr) {
+        static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] =
+            empty ? neg_inf : (m[r] + std::log2(l[r])) * 0.6931471805599453f;
+      }
+    }
+  }
+}
+
+#endif  // CPUATTN_FLASH_INL_H_

@@ -1,0 +1,383 @@
+// The fused fast path against the double-precision reference, on every SIMD target this machine
+// supports: odd and tail sizes, both memory layouts, misaligned pointers, every mask kind and
+// their combinations, GQA ratios; plus determinism across thread counts, concurrent callers,
+// allocation-free steady state, and the stated error of the vector exp2.
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <thread>
+
+#include "kernel.h"
+#include "test_util.h"
+
+// Counting allocator hook: counts operator new calls while armed.
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<long> g_allocs{0};
+}  // namespace
+void* operator new(std::size_t n) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace cpuattn::test {
+namespace {
+
+// The targets this CPU runs, each as a capped context.
+std::vector<Target> machine_targets() {
+  std::vector<Target> ts;
+  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+    Context c(0);
+    c.set_max_target(t);
+    if (active_target(&c) == t) ts.push_back(t);
+  }
+  return ts;
+}
+
+enum class MaskCase {
+  none,
+  causal_tl,
+  causal_br,
+  bool_full,
+  bool_2d,
+  bool_keys,
+  additive_full,
+  additive_inf,
+  key_lengths,
+  combo
+};
+const char* mask_name(MaskCase m) {
+  static const char* names[] = {"none",        "causal_tl", "causal_br",     "bool_full",
+                                "bool_2d",     "bool_keys", "additive_full", "additive_inf",
+                                "key_lengths", "combo"};
+  return names[static_cast<int>(m)];
+}
+
+struct Case {
+  std::int64_t B = 1, H = 2, Hkv = 1, Lq = 7, Lk = 65, D = 17, Dv = 17;
+  bool blhd = false;
+  int misalign = 0;
+  MaskCase mask = MaskCase::none;
+  bool lse = true;
+  std::string str() const {
+    std::ostringstream s;
+    s << "B" << B << " H" << H << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " D" << D << " Dv"
+      << Dv << (blhd ? " blhd" : " bhld") << " misalign" << misalign << " mask " << mask_name(mask);
+    return s.str();
+  }
+};
+
+// Inputs and options of one case; masks are owned here so views stay valid.
+struct Inputs {
+  Tensor4 q, k, v;
+  std::vector<std::uint8_t> bmask;
+  std::vector<float> amask;
+  std::vector<std::int32_t> lengths;
+  AttentionOptions opts;
+  explicit Inputs(const Case& c, std::uint32_t seed = 1)
+      : q(c.B, c.H, c.Lq, c.D, c.blhd, c.misalign),
+        k(c.B, c.Hkv, c.Lk, c.D, c.blhd, c.misalign),
+        v(c.B, c.Hkv, c.Lk, c.Dv, c.blhd, c.misalign) {
+    q.fill_random(seed);
+    k.fill_random(seed + 1);
+    v.fill_random(seed + 2);
+    std::mt19937 rng(seed + 3);
+    auto coin = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
+    const std::int64_t full = c.B * c.H * c.Lq * c.Lk;
+    switch (c.mask) {
+      case MaskCase::none:
+        break;
+      case MaskCase::causal_tl:
+        opts.causal = Causal::top_left;
+        break;
+      case MaskCase::causal_br:
+        opts.causal = Causal::bottom_right;
+        break;
+      case MaskCase::bool_full:
+        bmask.resize(full);
+        for (auto& x : bmask) x = coin(70);
+        opts.mask = TensorView::contiguous(bmask.data(), DType::boolean, {c.B, c.H, c.Lq, c.Lk});
+        break;
+      case MaskCase::bool_2d:
+        bmask.resize(c.Lq * c.Lk);
+        for (auto& x : bmask) x = coin(50);
+        opts.mask = TensorView::contiguous(bmask.data(), DType::boolean, {c.Lq, c.Lk});
+        break;
+      case MaskCase::bool_keys:  // [B, 1, 1, Lk]: padding-style mask
+        bmask.resize(c.B * c.Lk);
+        for (auto& x : bmask) x = coin(80);
+        opts.mask = TensorView::contiguous(bmask.data(), DType::boolean, {c.B, 1, 1, c.Lk});
+        break;
+      case MaskCase::additive_full:
+        amask = random_floats(full, seed + 4, -3.0f, 3.0f);
+        opts.mask = f32_view(amask.data(), {c.B, c.H, c.Lq, c.Lk});
+        break;
+      case MaskCase::additive_inf:  // [Lq, Lk] with -inf holes, some rows fully masked
+        amask = random_floats(c.Lq * c.Lk, seed + 4, -2.0f, 2.0f);
+        for (std::int64_t i = 0; i < c.Lq; ++i) {
+          for (std::int64_t j = 0; j < c.Lk; ++j) {
+            if (i % 5 == 3 || coin(30))
+              amask[i * c.Lk + j] = -std::numeric_limits<float>::infinity();
+          }
+        }
+        opts.mask = f32_view(amask.data(), {c.Lq, c.Lk});
+        break;
+      case MaskCase::key_lengths:
+        lengths.resize(c.B);
+        for (std::int64_t b = 0; b < c.B; ++b)
+          lengths[b] = static_cast<std::int32_t>((b * 7919 + c.Lk / 2) % (c.Lk + 1));
+        opts.key_lengths = TensorView::contiguous(lengths.data(), DType::i32, {c.B});
+        break;
+      case MaskCase::combo:
+        opts.causal = Causal::bottom_right;
+        lengths.resize(c.B);
+        for (std::int64_t b = 0; b < c.B; ++b) lengths[b] = static_cast<std::int32_t>(c.Lk - b % 3);
+        opts.key_lengths = TensorView::contiguous(lengths.data(), DType::i32, {c.B});
+        amask = random_floats(c.H * c.Lq * c.Lk, seed + 5, -1.0f, 1.0f);
+        opts.mask = f32_view(amask.data(), {c.H, c.Lq, c.Lk});
+        break;
+    }
+  }
+};
+
+// Runs the case on the fast path (one target) and the reference; compares out and lse.
+void check_case(const Case& c, Target target, int threads = 0) {
+  SCOPED_TRACE(c.str() + " target " + target_name(target));
+  Inputs in(c);
+  Tensor4 out(c.B, c.H, c.Lq, c.Dv, c.blhd, c.misalign), want(c.B, c.H, c.Lq, c.Dv);
+  std::vector<float> lse(c.B * c.H * c.Lq), want_lse(c.B * c.H * c.Lq);
+  AttentionOptions fast_opts = in.opts, ref_opts = in.opts;
+  if (c.lse) {
+    fast_opts.lse = f32_view(lse.data(), {c.B, c.H, c.Lq});
+    ref_opts.lse = f32_view(want_lse.data(), {c.B, c.H, c.Lq});
+  }
+  Context ctx(threads);
+  ctx.set_max_target(target);
+  attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), fast_opts, &ctx);
+  reference_attention(in.q.view(), in.k.view(), in.v.view(), want.out_view(), ref_opts);
+
+  // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale
+  // for inputs in [-1, 1]) perturbs the weights; the Lk-long weighted sum adds its own rounding.
+  // Both grow like sqrt(length); exp2 adds 3e-7 relative. Outputs are averages of V in [-1, 1].
+  const double eps = std::numeric_limits<float>::epsilon();
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const double score_mag = std::sqrt(double(c.D)) * scale * 3.0 + 3.0;  // masks add up to 3
+  const double atol =
+      8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
+  std::vector<float> got_flat, want_flat;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.H; ++h)
+      for (std::int64_t i = 0; i < c.Lq; ++i)
+        for (std::int64_t d = 0; d < c.Dv; ++d) {
+          got_flat.push_back(out.at(b, h, i, d));
+          want_flat.push_back(want.at(b, h, i, d));
+        }
+  EXPECT_TRUE(all_close(got_flat.data(), want_flat.data(), got_flat.size(), atol, 0));
+  if (c.lse) {
+    const double lse_tol =
+        8 * eps * (std::sqrt(double(c.D)) * score_mag + std::log(double(c.Lk)) + 8);
+    EXPECT_TRUE(all_close(lse.data(), want_lse.data(), lse.size(), lse_tol, 4 * eps));
+  }
+}
+
+class FastPath : public ::testing::TestWithParam<Target> {};
+
+TEST_P(FastPath, SequenceLengths) {
+  const std::int64_t Ls[] = {1, 2, 7, 64, 65, 127, 1000};
+  for (std::int64_t Lq : Ls) {
+    for (std::int64_t Lk : Ls) {
+      Case c;
+      c.Lq = Lq;
+      c.Lk = Lk;
+      c.D = 17;
+      c.Dv = 16;
+      check_case(c, GetParam());
+    }
+  }
+}
+
+TEST_P(FastPath, HeadDims) {
+  const std::int64_t Ds[] = {1, 3, 16, 17, 63, 64, 65, 128, 256};
+  for (std::int64_t D : Ds) {
+    for (std::int64_t Dv : Ds) {
+      Case c;
+      c.Lq = 9;
+      c.Lk = 70;
+      c.D = D;
+      c.Dv = Dv;
+      check_case(c, GetParam());
+    }
+  }
+}
+
+TEST_P(FastPath, MasksLayoutsAndGroups) {
+  const MaskCase masks[] = {MaskCase::none,          MaskCase::causal_tl,    MaskCase::causal_br,
+                            MaskCase::bool_full,     MaskCase::bool_2d,      MaskCase::bool_keys,
+                            MaskCase::additive_full, MaskCase::additive_inf, MaskCase::key_lengths,
+                            MaskCase::combo};
+  const std::pair<std::int64_t, std::int64_t> lens[] = {{65, 130}, {130, 65}, {1, 300}, {37, 37}};
+  int n = 0;
+  for (MaskCase m : masks) {
+    for (auto [Lq, Lk] : lens) {
+      for (auto [H, Hkv] : {std::pair<std::int64_t, std::int64_t>{2, 2}, {4, 2}, {8, 2}, {8, 1}}) {
+        Case c;
+        c.B = 3;
+        c.H = H;
+        c.Hkv = Hkv;
+        c.Lq = Lq;
+        c.Lk = Lk;
+        c.D = n % 2 ? 64 : 33;
+        c.Dv = n % 3 ? 64 : 20;
+        c.mask = m;
+        c.blhd = n % 2 == 1;
+        c.misalign = n % 4;  // floats: 0, 4, 8, 12 bytes off the allocation
+        ++n;
+        check_case(c, GetParam());
+      }
+    }
+  }
+}
+
+TEST_P(FastPath, LargeGroupsAndDecodeSplits) {
+  Case c;
+  c.B = 2;
+  c.H = 128;  // group 128 > rows per block: heads split across blocks
+  c.Hkv = 1;
+  c.Lq = 3;
+  c.Lk = 200;
+  c.D = c.Dv = 32;
+  check_case(c, GetParam());
+  // Decode against a long cache: few tasks, so the keys are split and merged.
+  Case d;
+  d.B = 1;
+  d.H = 4;
+  d.Hkv = 1;
+  d.Lq = 1;
+  d.Lk = 5000;
+  d.D = d.Dv = 64;
+  for (MaskCase m : {MaskCase::none, MaskCase::key_lengths, MaskCase::additive_inf}) {
+    d.mask = m;
+    check_case(d, GetParam());
+  }
+}
+
+TEST_P(FastPath, NanAndInfOnlyAffectTheirRows) {
+  Case c;
+  c.Lq = 70;
+  c.Lk = 140;
+  Inputs in(c);
+  in.q.at(0, 0, 3, 0) = std::numeric_limits<float>::quiet_NaN();
+  in.k.at(0, 0, 100, 0) = std::numeric_limits<float>::infinity();  // reaches every row of head 0
+  Tensor4 out(c.B, c.H, c.Lq, c.Dv);
+  Context ctx;
+  ctx.set_max_target(GetParam());
+  in.opts.causal = Causal::top_left;  // rows < 100 never see key 100
+  attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
+  for (std::int64_t h = 0; h < c.H; ++h) {
+    for (std::int64_t i = 0; i < c.Lq; ++i) {
+      for (std::int64_t d = 0; d < c.Dv; ++d) {
+        const bool poisoned = h == 0 && i == 3;
+        EXPECT_EQ(std::isnan(out.at(0, h, i, d)), poisoned)
+            << "h " << h << " i " << i << " d " << d;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, FastPath, ::testing::ValuesIn(machine_targets()),
+                         [](const auto& info) { return std::string(target_name(info.param)); });
+
+// Results must not depend on the thread count: the task split is fixed by the shape.
+TEST(Determinism, BitwiseAcrossThreadCounts) {
+  for (Case c : {Case{2, 8, 2, 300, 300, 64, 64}, Case{1, 4, 1, 1, 5000, 64, 64},
+                 Case{3, 4, 4, 65, 700, 17, 33, false, 0, MaskCase::causal_br}}) {
+    Inputs in(c);
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 3}) {
+      Tensor4 out(c.B, c.H, c.Lq, c.Dv);
+      Context ctx(threads);
+      attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
+      outs.push_back(out.buf);
+    }
+    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4)) << c.str();
+    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4)) << c.str();
+  }
+}
+
+TEST(Concurrency, EightCallersMatchSerial) {
+  const Case c{2, 8, 2, 130, 257, 64, 64};
+  Inputs in(c);
+  Tensor4 serial(c.B, c.H, c.Lq, c.Dv);
+  attention(in.q.view(), in.k.view(), in.v.view(), serial.out_view(), in.opts);
+  Context shared(2);
+  std::vector<Tensor4> outs(8, Tensor4(c.B, c.H, c.Lq, c.Dv));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 3; ++rep) {
+        attention(in.q.view(), in.k.view(), in.v.view(), outs[t].out_view(), in.opts,
+                  t % 2 ? &shared : nullptr);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t)
+    EXPECT_EQ(0, std::memcmp(outs[t].buf.data(), serial.buf.data(), serial.buf.size() * 4)) << t;
+}
+
+TEST(Allocation, SteadyStateCallsDoNotAllocate) {
+  for (Case c : {Case{2, 8, 2, 300, 300, 64, 64}, Case{1, 4, 1, 1, 5000, 64, 64}}) {
+    Inputs in(c);
+    Tensor4 out(c.B, c.H, c.Lq, c.Dv);
+    std::vector<float> lse(c.B * c.H * c.Lq);
+    in.opts.lse = f32_view(lse.data(), {c.B, c.H, c.Lq});
+    Context ctx(2);
+    for (int warm = 0; warm < 3; ++warm)
+      attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
+    g_allocs = 0;
+    g_count_allocs = true;
+    for (int rep = 0; rep < 5; ++rep)
+      attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
+    g_count_allocs = false;
+    EXPECT_EQ(g_allocs.load(), 0) << c.str();
+  }
+}
+
+// exp2 states: relative error <= 3e-7 on [-126, 127]; below -126.5 exactly 0; NaN stays NaN.
+TEST(Exp2, StatedErrorOnEveryTarget) {
+  for (Target t : machine_targets()) {
+    const detail::KernelInfo& ki = detail::kernels_for(t);
+    SCOPED_TRACE(ki.name);
+    std::vector<float> x;
+    for (double v = -126.0; v <= 127.0; v += 1.0 / 1024) x.push_back(static_cast<float>(v));
+    for (float v : {0.0f, -0.5f, 0.5f, -1e-8f, 1e-8f, -125.999f, 126.9f}) x.push_back(v);
+    std::vector<float> y(x.size());
+    ki.exp2(x.data(), y.data(), x.size());
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp2(double(x[i]));
+      const double rel = std::abs(y[i] - want) / want;
+      if (rel > worst) worst = rel, worst_x = x[i];
+    }
+    EXPECT_LE(worst, 3e-7) << "worst at x = " << worst_x;
+    const float special[] = {-std::numeric_limits<float>::infinity(), -1000.0f, -127.0f, -126.6f,
+                             std::numeric_limits<float>::quiet_NaN()};
+    float out[5];
+    ki.exp2(special, out, 5);
+    EXPECT_EQ(out[0], 0.0f);
+    EXPECT_EQ(out[1], 0.0f);
+    EXPECT_EQ(out[2], 0.0f);
+    EXPECT_EQ(out[3], 0.0f);
+    EXPECT_TRUE(std::isnan(out[4]));
+  }
+}
+
+}  // namespace
+}  // namespace cpuattn::test

@@ -1,0 +1,108 @@
+// Helpers shared by the test suites: random tensors with fixed seeds, strided layouts, and the
+// comparison against the double-precision reference with a tolerance that grows with the
+// reduction length and reports the worst element.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn::test {
+
+inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// A [B, H, L, D] tensor in one of two memory layouts: "bhld" (contiguous) or "blhd" (heads
+// interleaved, as a projection writes them), starting `misalign` floats into its buffer so that
+// the base pointer is not 64-byte aligned.
+struct Tensor4 {
+  std::vector<float> buf;
+  std::int64_t B, H, L, D;
+  bool blhd;
+  int misalign;
+  Tensor4(std::int64_t B_, std::int64_t H_, std::int64_t L_, std::int64_t D_, bool blhd_ = false,
+          int misalign_ = 0)
+      : buf(static_cast<std::size_t>(B_ * H_ * L_ * D_ + misalign_), 0.0f),
+        B(B_),
+        H(H_),
+        L(L_),
+        D(D_),
+        blhd(blhd_),
+        misalign(misalign_) {}
+  float* data() { return buf.data() + misalign; }
+  const float* data() const { return buf.data() + misalign; }
+  std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t d) const {
+    return blhd ? ((b * L + l) * H + h) * D + d : ((b * H + h) * L + l) * D + d;
+  }
+  float& at(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t d) {
+    return data()[offset(b, h, l, d)];
+  }
+  float at(std::int64_t b, std::int64_t h, std::int64_t l, std::int64_t d) const {
+    return data()[offset(b, h, l, d)];
+  }
+  TensorView view() const {
+    return blhd ? TensorView::blhd(data(), DType::f32, B, L, H, D)
+                : TensorView::contiguous(data(), DType::f32, {B, H, L, D});
+  }
+  OutputView out_view() {
+    return blhd ? OutputView::blhd(data(), DType::f32, B, L, H, D)
+                : OutputView::contiguous(data(), DType::f32, {B, H, L, D});
+  }
+  void fill_random(std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+    auto r = random_floats(buf.size(), seed, lo, hi);
+    std::copy(r.begin(), r.end(), buf.begin());
+  }
+};
+
+// Compares `got` with the reference `want` elementwise: |got - want| <= atol + rtol * |want|,
+// where the caller scales atol with the reduction length (sqrt(n) * eps * magnitude). NaN must
+// match NaN. Reports the worst element by its flat index.
+inline ::testing::AssertionResult all_close(const float* got, const float* want, std::size_t n,
+                                            double atol, double rtol = 1e-5) {
+  double worst = -1;
+  std::size_t worst_i = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w) || std::isnan(g)) {
+      if (std::isnan(w) != std::isnan(g)) {
+        return ::testing::AssertionFailure()
+               << "element " << i << ": got " << g << ", want " << w << " (NaN mismatch)";
+      }
+      continue;
+    }
+    if (std::isinf(w) || std::isinf(g)) {
+      if (g != w) {
+        return ::testing::AssertionFailure() << "element " << i << ": got " << g << ", want " << w;
+      }
+      continue;
+    }
+    const double excess = std::abs(g - w) - (atol + rtol * std::abs(w));
+    if (excess > worst) {
+      worst = excess;
+      worst_i = i;
+    }
+  }
+  if (worst > 0) {
+    return ::testing::AssertionFailure()
+           << "worst element " << worst_i << " of " << n << ": got " << got[worst_i] << ", want "
+           << want[worst_i] << ", |diff| = " << std::abs(double(got[worst_i]) - want[worst_i])
+           << " > atol " << atol << " + rtol " << rtol << " * |want|";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace cpuattn::test

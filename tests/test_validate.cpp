@@ -1,0 +1,174 @@
+// Every argument check of the public entry points: the error names the argument and the shapes,
+// and the output is left untouched.
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "test_util.h"
+
+namespace cpuattn::test {
+namespace {
+
+constexpr float kSentinel = 12345.0f;
+
+struct Args {
+  std::vector<float> q, k, v, out, lse, w;
+  TensorView qv, kv, vv;
+  OutputView ov;
+  AttentionOptions opts;
+  Args()
+      : q(2 * 4 * 3 * 8, 0.5f),
+        k(2 * 2 * 5 * 8, 0.25f),
+        v(2 * 2 * 5 * 6, 1.0f),
+        out(2 * 4 * 3 * 6, kSentinel),
+        lse(2 * 4 * 3, kSentinel),
+        w(2 * 4 * 3 * 5, kSentinel) {
+    qv = f32_view(q.data(), {2, 4, 3, 8});
+    kv = f32_view(k.data(), {2, 2, 5, 8});
+    vv = f32_view(v.data(), {2, 2, 5, 6});
+    ov = f32_view(out.data(), {2, 4, 3, 6});
+  }
+};
+
+// Runs both entry points on `a` after `mutate`, expects an Error whose message contains every
+// string in `needles`, and checks that no output was written.
+void expect_error(const std::function<void(Args&)>& mutate, std::vector<std::string> needles) {
+  for (bool reference : {false, true}) {
+    Args a;
+    a.opts.lse = f32_view(a.lse.data(), {2, 4, 3});
+    mutate(a);
+    try {
+      if (reference) {
+        reference_attention(a.qv, a.kv, a.vv, a.ov, a.opts);
+      } else {
+        attention(a.qv, a.kv, a.vv, a.ov, a.opts);
+      }
+      ADD_FAILURE() << "no error; expected one mentioning " << needles[0];
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("cpuattn: ", 0), 0u) << msg;
+      for (const auto& n : needles)
+        EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    }
+    for (float x : a.out) ASSERT_EQ(x, kSentinel) << "out was written";
+    for (float x : a.lse) ASSERT_EQ(x, kSentinel) << "lse was written";
+  }
+}
+
+TEST(Validate, ValidArgumentsPass) {
+  Args a;
+  EXPECT_NO_THROW(attention(a.qv, a.kv, a.vv, a.ov));
+  EXPECT_NE(a.out[0], kSentinel);
+}
+
+TEST(Validate, NullPointers) {
+  expect_error([](Args& a) { a.qv.data = nullptr; }, {"Q [2,4,3,8]", "null"});
+  expect_error([](Args& a) { a.ov.data = nullptr; }, {"out", "null"});
+}
+
+TEST(Validate, DTypeAndRank) {
+  expect_error([](Args& a) { a.kv.dtype = DType::bf16; }, {"K [2,2,5,8]", "bfloat16", "float32"});
+  expect_error([](Args& a) { a.qv.rank = 3; }, {"Q must have rank 4", "rank 3"});
+}
+
+TEST(Validate, ShapeAgreement) {
+  expect_error(
+      [](Args& a) {
+        a.kv = f32_view(a.k.data(), {2, 2, 5, 4});
+      },
+      {"K has D=4 but Q has D=8", "Q [2,4,3,8], K [2,2,5,4]"});
+  expect_error(
+      [](Args& a) {
+        a.vv = f32_view(a.v.data(), {2, 2, 4, 6});
+      },
+      {"V has Lk=4 but K has Lk=5"});
+  expect_error([](Args& a) { a.kv = f32_view(a.k.data(), {2, 3, 5, 4}); }, {"K"});
+  expect_error(
+      [](Args& a) {
+        a.kv = f32_view(a.k.data(), {2, 3, 5, 8});
+        a.vv = f32_view(a.v.data(), {2, 3, 5, 4});
+      },
+      {"H=4", "not a multiple of the 3 K/V heads"});
+  expect_error(
+      [](Args& a) {
+        a.ov = f32_view(a.out.data(), {2, 4, 3, 5});
+      },
+      {"out must have shape [B,H,Lq,Dv] = [2,4,3,6]"});
+  expect_error(
+      [](Args& a) {
+        a.kv = f32_view(a.k.data(), {1, 2, 5, 8});
+      },
+      {"K has B=1 but Q has B=2"});
+  expect_error([](Args& a) { a.qv.shape[2] = 0; }, {"Q", "size 0"});
+}
+
+TEST(Validate, Strides) {
+  expect_error([](Args& a) { a.qv.strides[3] = 2; },
+               {"Q [2,4,3,8]", "last dimension must be contiguous"});
+  expect_error([](Args& a) { a.kv.strides[2] = -8; }, {"K", "negative"});
+  expect_error([](Args& a) { a.ov.strides[2] = 0; }, {"out", "overlap"});
+  expect_error([](Args& a) { a.ov.data = a.q.data(); }, {"out overlaps Q"});
+  expect_error(
+      [](Args& a) {
+        a.opts.lse = OutputView::contiguous(a.out.data(), DType::f32, {2, 4, 3});
+      },
+      {"lse overlaps out"});
+}
+
+TEST(Validate, SizeOverflow) {
+  expect_error([](Args& a) { a.kv.strides[0] = std::numeric_limits<std::int64_t>::max() / 2; },
+               {"K", "overflow"});
+}
+
+TEST(Validate, Scale) {
+  expect_error([](Args& a) { a.opts.scale = 0.0; }, {"scale must be finite and > 0"});
+  expect_error([](Args& a) { a.opts.scale = -1.0; }, {"scale"});
+  expect_error([](Args& a) { a.opts.scale = std::numeric_limits<double>::infinity(); }, {"scale"});
+  expect_error([](Args& a) { a.opts.scale = std::numeric_limits<double>::quiet_NaN(); }, {"scale"});
+}
+
+TEST(Validate, Masks) {
+  static std::vector<float> m(64, 0.0f);
+  static std::vector<std::int32_t> lens = {5, 6};
+  static std::vector<float> flens = {5, 5};
+  expect_error(
+      [](Args& a) {
+        a.opts.mask = f32_view(m.data(), {3, 4});
+      },
+      {"mask [3,4] does not broadcast", "[2,4,3,5]"});
+  expect_error(
+      [](Args& a) {
+        a.opts.mask = TensorView::contiguous(m.data(), DType::i32, {3, 5});
+      },
+      {"mask", "int32"});
+  expect_error(
+      [](Args& a) { a.opts.key_lengths = TensorView::contiguous(lens.data(), DType::i32, {2}); },
+      {"key_lengths[1] = 6", "Lk=5"});
+  expect_error(
+      [](Args& a) { a.opts.key_lengths = TensorView::contiguous(lens.data(), DType::i32, {1}); },
+      {"key_lengths has shape [1]", "B=2"});
+  expect_error([](Args& a) { a.opts.key_lengths = f32_view(flens.data(), {2}); },
+               {"key_lengths", "float32"});
+}
+
+TEST(Validate, OptionalOutputs) {
+  expect_error(
+      [](Args& a) {
+        a.opts.lse = f32_view(a.lse.data(), {2, 4, 2});
+      },
+      {"lse has shape [2,4,2]", "[2,4,3]"});
+  expect_error(
+      [](Args& a) {
+        a.opts.weights = f32_view(a.w.data(), {2, 4, 3, 4});
+      },
+      {"weights has shape", "[2,4,3,5]"});
+}
+
+TEST(Validate, ContextAndTargets) {
+  EXPECT_THROW(Context(-1), Error);
+  EXPECT_THROW(parse_target("avx1024"), Error);
+  EXPECT_EQ(parse_target("avx2"), Target::avx2);
+}
+
+}  // namespace
+}  // namespace cpuattn::test

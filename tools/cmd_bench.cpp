@@ -1,0 +1,229 @@
+// `cpuattn bench`: times the fused kernel on named or custom shapes and puts each figure in
+// proportion to this machine's FMA peak (and read bandwidth for decode), measured at start.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "cpuattn/cpuattn.h"
+#include "cpuattn/perf.h"
+
+namespace cpuattn::cli {
+namespace {
+
+struct Shape {
+  std::string name;
+  std::int64_t B, H, Lq, Lk, D, Hkv, Dv;
+  bool causal;
+  double flops() const {
+    const double per_head =
+        causal ? double(D + Dv) * 2 * Lq * (Lq + 1) / 2 : double(D + Dv) * 2 * Lq * Lk;
+    return B * H * per_head;  // = 4 B H Lq Lk D when Dv = D (causal: L (L + 1) / 2 pairs)
+  }
+  double kv_bytes() const { return double(B) * Hkv * Lk * (D + Dv) * 4; }
+  bool decode() const { return Lq == 1; }
+  std::string dims() const {
+    std::ostringstream s;
+    s << "B" << B << " H" << H;
+    if (Hkv != H) s << " Hkv" << Hkv;
+    s << " Lq" << Lq << " Lk" << Lk << " D" << D;
+    if (Dv != D) s << " Dv" << Dv;
+    if (causal) s << " causal";
+    return s.str();
+  }
+};
+
+// The project's named shapes (README, "Benchmarks").
+const std::map<std::string, Shape>& named_shapes() {
+  static const std::map<std::string, Shape> shapes = {
+      {"S1", {"S1", 32, 12, 128, 128, 64, 12, 64, false}},
+      {"P1", {"P1", 1, 16, 2048, 2048, 64, 16, 64, false}},
+      {"P2", {"P2", 1, 16, 2048, 2048, 128, 16, 128, true}},
+      {"X1", {"X1", 8, 8, 64, 1024, 64, 8, 64, false}},
+      {"D1", {"D1", 4, 32, 1, 4096, 128, 8, 128, false}},
+      {"D2", {"D2", 8, 32, 1, 16384, 128, 8, 128, false}},
+  };
+  return shapes;
+}
+
+Shape parse_shape(const std::string& text, bool causal) {
+  if (auto it = named_shapes().find(text); it != named_shapes().end()) {
+    Shape s = it->second;
+    s.causal = s.causal || causal;
+    return s;
+  }
+  std::vector<std::int64_t> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size() || x < 1) throw std::invalid_argument("");
+      v.push_back(x);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(
+          "--shape '" + text +
+          "': expected a name (S1,P1,P2,X1,D1,D2) or B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
+    }
+  }
+  if (v.size() < 5 || v.size() > 7) {
+    throw std::invalid_argument("--shape '" + text + "': expected B,H,Lq,Lk,D[,Hkv[,Dv]]");
+  }
+  Shape s{
+      text,  v[0], v[1], v[2], v[3], v[4], v.size() > 5 ? v[5] : v[1], v.size() > 6 ? v[6] : v[4],
+      causal};
+  return s;
+}
+
+// Deterministic, cheap fill (a hash of the index): random enough for timing, never zeros.
+void fill(std::vector<float>& x, std::uint32_t seed) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u + seed * 40503u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = (static_cast<float>(h & 0xFFFFFF) / float(0xFFFFFF)) * 2.0f - 1.0f;
+  }
+}
+
+struct Options {
+  std::vector<std::string> shapes;
+  bool causal = false;
+  std::vector<int> threads = {1, 2};
+  std::string target = "best";
+  int repeat = 7;
+  bool json = false;
+};
+
+int run_bench(const Options& o) {
+  std::vector<Shape> shapes;
+  for (const auto& s : o.shapes) shapes.push_back(parse_shape(s, o.causal));
+  if (shapes.empty()) {
+    for (const char* n : {"S1", "P1", "P2", "X1", "D1", "D2"})
+      shapes.push_back(parse_shape(n, o.causal));
+  }
+  const Target cap = parse_target(o.target);
+  const bool any_decode =
+      std::any_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.decode(); });
+
+  std::map<int, double> peak, bw;
+  for (int t : o.threads) {
+    Context probe_ctx(t);
+    probe_ctx.set_max_target(cap);
+    peak[t] = measure_fma_peak_gflops(t, &probe_ctx);
+    if (any_decode) bw[t] = measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx);
+  }
+  if (!o.json) {
+    Context capped(1);
+    capped.set_max_target(cap);
+    std::printf("cpuattn bench: target %s, median of %d runs\n",
+                target_name(active_target(&capped)), o.repeat);
+    for (int t : o.threads) {
+      std::printf("machine peak, %d thread%s: %.0f GFLOP/s FMA", t, t > 1 ? "s" : "", peak[t]);
+      if (any_decode) std::printf(", %.1f GB/s read", bw[t]);
+      std::printf("\n");
+    }
+    std::printf("\n%-5s %-34s %7s %10s %9s %7s %8s %6s\n", "shape", "dims", "threads", "median_ms",
+                "GFLOP/s", "%peak", "GB/s", "%bw");
+  }
+
+  for (const Shape& s : shapes) {
+    std::vector<float> q(s.B * s.H * s.Lq * s.D), k(s.B * s.Hkv * s.Lk * s.D),
+        v(s.B * s.Hkv * s.Lk * s.Dv), out(s.B * s.H * s.Lq * s.Dv);
+    fill(q, 1);
+    fill(k, 2);
+    fill(v, 3);
+    AttentionOptions opts;
+    opts.causal = s.causal ? Causal::top_left : Causal::none;
+    for (int t : o.threads) {
+      Context ctx(t);
+      ctx.set_max_target(cap);
+      auto once = [&] {
+        attention(f32_view(q.data(), {s.B, s.H, s.Lq, s.D}),
+                  f32_view(k.data(), {s.B, s.Hkv, s.Lk, s.D}),
+                  f32_view(v.data(), {s.B, s.Hkv, s.Lk, s.Dv}),
+                  f32_view(out.data(), {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
+      };
+      once();  // warm-up: scratch allocation, page faults, thread start
+      std::vector<double> ms;
+      for (int r = 0; r < o.repeat; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        once();
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      const double gflops = s.flops() / (med * 1e-3) * 1e-9;
+      const double gbps = s.kv_bytes() / (med * 1e-3) * 1e-9;
+      const double pct = 100.0 * gflops / peak[t];
+      if (o.json) {
+        nlohmann::json j = {{"shape", s.name},  {"dims", s.dims()},
+                            {"threads", t},     {"target", target_name(active_target(&ctx))},
+                            {"median_ms", med}, {"gflops", gflops},
+                            {"gbps", gbps},     {"peak_gflops", peak[t]},
+                            {"pct_peak", pct}};
+        if (any_decode) {
+          j["read_gbps"] = bw[t];
+          j["pct_bw"] = 100.0 * gbps / bw[t];
+        }
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%-5s %-34s %7d %10.3f %9.1f %6.1f%% %8.1f",
+                    s.name.size() > 5 ? "-" : s.name.c_str(), s.dims().c_str(), t, med, gflops, pct,
+                    gbps);
+        if (s.decode() && bw.count(t)) {
+          std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
+        }
+        std::printf("\n");
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA peak\n"
+      "(GB/s of K+V and % of read bandwidth for decode), both measured at start.\n"
+      "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
+      "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128.\n"
+      "Example: cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json");
+  cmd->add_option("--shape", opts->shapes,
+                  "Named shape or B,H,Lq,Lk,D[,Hkv[,Dv]] (repeatable; default: all named shapes)");
+  cmd->add_flag("--causal", opts->causal, "Make every shape causal (top-left)");
+  cmd->add_option("--threads", opts->threads, "Thread counts to measure, e.g. 1,2 (default 1,2)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--target", opts->target, "Cap the SIMD target: scalar, sse4, avx2, avx512, best")
+      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
+  cmd->add_option("--repeat", opts->repeat,
+                  "Timed runs per case; the median is reported (default 7)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", opts->json, "One JSON object per case instead of the table");
+  cmd->callback([opts, &exit_code] {
+    try {
+      exit_code = run_bench(*opts);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cpuattn: %s\n", e.what());
+      exit_code = 2;
+    }
+  });
+}
+
+}  // namespace cpuattn::cli

@@ -1,0 +1,34 @@
+// cpuattn: command-line front end of the library (run attention on .npy files, benchmark).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cpuattn: fast CPU attention, out = softmax(scale * Q K^T + mask) V.\n"
+      "Examples:\n"
+      "  cpuattn run --q q.npy --k k.npy --v v.npy --out out.npy --mask causal\n"
+      "  cpuattn bench --shape P1 --threads 1,2",
+      "cpuattn"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  cpuattn::cli::add_run_command(app, exit_code);
+  cpuattn::cli::add_bench_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors are exit code 2 with one line on stderr, like every other bad input.
+    std::fprintf(stderr, "cpuattn: %s (see cpuattn --help)\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpuattn: %s\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}
