@@ -108,7 +108,7 @@ void merge_partials(const Problem& p, const Plan& pl) {
 }  // namespace
 
 void run_fast(const Problem& p, Context& ctx) {
-  Context::Impl& c = ctx.impl();
+  Context::Impl& c = detail::ContextAccess::impl(ctx);
   // The one dispatch of the call: every task of it runs this target's kernels.
   const KernelInfo& ki = kernels_for(c.max_target.load());
   Plan pl = make_plan(p, ki);
@@ -128,6 +128,20 @@ void run_fast(const Problem& p, Context& ctx) {
   });
 }
 
+void run_unfused(const Problem& p, Context& ctx) {
+  Context::Impl& c = detail::ContextAccess::impl(ctx);
+  const KernelInfo& ki = kernels_for(c.max_target.load());
+  c.run([&] {
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, p.B * p.H, 1),
+                      [&](const tbb::blocked_range<std::int64_t>& r) {
+                        Scratch& s = c.task_scratch.local();
+                        for (std::int64_t bh = r.begin(); bh < r.end(); ++bh) {
+                          ki.run_unfused_head(p, bh / p.H, bh % p.H, s);
+                        }
+                      });
+  });
+}
+
 }  // namespace detail
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
@@ -137,7 +151,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
   if (p.weights != nullptr) {
     // Materializing [B, H, Lq, Lk] defeats fusion anyway: the weights come from the reference,
     // which computes them in double precision and writes out/lse/weights as f32.
-    ctx.impl().run([&] { detail::run_reference(p); });
+    detail::ContextAccess::impl(ctx).run([&] { detail::run_reference(p); });
     return;
   }
   detail::run_fast(p, ctx);

@@ -36,4 +36,10 @@ struct Context::Impl {
 
 Context& default_context();
 
+namespace detail {
+struct ContextAccess {
+  static Context::Impl& impl(Context& c) { return *c.impl_; }
+};
+}  // namespace detail
+
 }  // namespace cpuattn

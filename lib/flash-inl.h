@@ -34,29 +34,33 @@ struct MaskInfo {
   std::int64_t stride;  // element stride of the mask along keys (0 = broadcast)
 };
 
+// Only lanes below rm.end are read from the mask: past it lies the end of the mask row (or of
+// the tensor), and those lanes become -inf anyway.
 template <class O>
 HWY_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, const RowMask& rm,
                                       const MaskInfo& mi) {
   constexpr int N = O::kLanes;
-  if (rm.mask != nullptr) {
+  if (rm.mask != nullptr && col0 < rm.end) {
+    const bool full = mi.stride == 1 && col0 + N <= rm.end;
+    const int valid = std::min(N, rm.end - col0);
     if (mi.kind == detail::MaskKind::additive) {
       const float* m = static_cast<const float*>(rm.mask) + col0 * mi.stride;
       typename O::V add;
-      if (mi.stride == 1) {
+      if (full) {
         add = O::LoadU(m);
       } else {
-        alignas(64) float tmp[N];
-        for (int i = 0; i < N; ++i) tmp[i] = m[i * mi.stride];
+        alignas(64) float tmp[N] = {};
+        for (int i = 0; i < valid; ++i) tmp[i] = m[i * mi.stride];
         add = O::Load(tmp);
       }
       s = O::MulAdd(add, O::Set(1.4426950408889634f), s);
     } else {
       const std::uint8_t* m = static_cast<const std::uint8_t*>(rm.mask) + col0 * mi.stride;
-      if (mi.stride == 1) {
+      if (full) {
         s = O::KeepIfByteSet(s, m);
       } else {
-        alignas(64) std::uint8_t tmp[N];
-        for (int i = 0; i < N; ++i) tmp[i] = m[i * mi.stride];
+        alignas(64) std::uint8_t tmp[N] = {};
+        for (int i = 0; i < valid; ++i) tmp[i] = m[i * mi.stride];
         s = O::KeepIfByteSet(s, tmp);
       }
     }
@@ -277,15 +281,16 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
   const bool keep_packed = qb1 - qb0 > 1;
 
   // Scratch: Qp, S, Acc, m, l, row masks, then the packed K/V blocks.
-  const std::int64_t rows_max = pl.rows;
-  float* qp = scratch.get(detail::task_scratch_floats(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed));
-  float* s = qp + rows_max * g.D;
-  float* acc = s + rows_max * g.Nk;
-  float* m = acc + rows_max * g.DvP;
-  float* l = m + rows_max;
-  RowMask* rm = reinterpret_cast<RowMask*>(l + rows_max);
-  float* kv = reinterpret_cast<float*>(rm + rows_max);
-  kv += (64 - reinterpret_cast<std::uintptr_t>(kv) % 64) % 64 / sizeof(float);
+  const detail::TaskScratch ts(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed);
+  float* base = scratch.get(ts.total);
+  float* qp = base + ts.qp;
+  float* s = base + ts.s;
+  float* acc = base + ts.acc;
+  float* m = base + ts.m;
+  float* l = base + ts.l;
+  RowMask* rm = reinterpret_cast<RowMask*>(base + ts.rm);
+  static_assert(sizeof(RowMask) <= 4 * sizeof(float) && alignof(RowMask) <= 64);
+  float* kv = base + ts.kv;
   std::int64_t packed_blocks = 0;  // with keep_packed: blocks [0, packed_blocks) are ready
 
   const MaskInfo mi{p.mask_kind, p.mask.s[3]};
@@ -422,6 +427,65 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
             empty ? neg_inf : (m[r] + std::log2(l[r])) * 0.6931471805599453f;
       }
     }
+  }
+}
+
+// The unfused baseline the benchmarks compare against: three passes over a materialized
+// [Lq, Lk] score matrix per head (scores as SIMD dot products, softmax, then P V), no tiling.
+// Handles the scale and GQA; masks are out of its scope (it exists to be measured).
+template <class O>
+void RunUnfusedHeadImpl(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                        detail::Scratch& scratch) {
+  constexpr int N = O::kLanes;
+  const std::int64_t hk = h / p.group;
+  const std::int64_t LkP = (p.Lk + N - 1) / N * N, DvP = (p.Dv + N - 1) / N * N;
+  float* s = scratch.get(static_cast<std::size_t>(p.Lq * LkP + DvP + N));
+  float* acc = s + p.Lq * LkP;
+  const float* Q = static_cast<const float*>(p.q.data) + b * p.q.s[0] + h * p.q.s[1];
+  const float* K = static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
+  const float* V = static_cast<const float*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
+  const float qscale = static_cast<float>(p.scale) * 1.4426950408889634f;
+  const std::int64_t Dvec = p.D / N * N;
+  for (std::int64_t i = 0; i < p.Lq; ++i) {  // pass 1: scores
+    const float* q = Q + i * p.q.s[2];
+    for (std::int64_t j = 0; j < p.Lk; ++j) {
+      const float* k = K + j * p.k.s[2];
+      typename O::V dot = O::Zero();
+      for (std::int64_t d = 0; d < Dvec; d += N)
+        dot = O::MulAdd(O::LoadU(q + d), O::LoadU(k + d), dot);
+      float tail = 0;
+      for (std::int64_t d = Dvec; d < p.D; ++d) tail += q[d] * k[d];
+      s[i * LkP + j] = (O::ReduceSum(dot) + tail) * qscale;
+    }
+    for (std::int64_t j = p.Lk; j < LkP; ++j)
+      s[i * LkP + j] = -std::numeric_limits<float>::infinity();
+  }
+  for (std::int64_t i = 0; i < p.Lq; ++i) {  // pass 2: softmax, normalized
+    float* row = s + i * LkP;
+    typename O::V vmax = O::Set(-std::numeric_limits<float>::infinity());
+    for (std::int64_t j = 0; j < LkP; j += N) vmax = O::Max(vmax, O::Load(row + j));
+    const typename O::V vm = O::Set(O::ReduceMax(vmax));
+    typename O::V vsum = O::Zero();
+    for (std::int64_t j = 0; j < LkP; j += N) {
+      const typename O::V e = O::Exp2(O::Sub(O::Load(row + j), vm));
+      O::Store(e, row + j);
+      vsum = O::Add(vsum, e);
+    }
+    const typename O::V inv = O::Set(1.0f / O::ReduceSum(vsum));
+    for (std::int64_t j = 0; j < LkP; j += N) O::Store(O::Mul(O::Load(row + j), inv), row + j);
+  }
+  for (std::int64_t i = 0; i < p.Lq; ++i) {  // pass 3: out = P V
+    std::fill(acc, acc + DvP, 0.0f);
+    for (std::int64_t j = 0; j < p.Lk; ++j) {
+      const typename O::V w = O::Set(s[i * LkP + j]);
+      const float* v = V + j * p.v.s[2];
+      std::int64_t d = 0;
+      for (; d + N <= p.Dv; d += N)
+        O::Store(O::MulAdd(w, O::LoadU(v + d), O::Load(acc + d)), acc + d);
+      for (; d < p.Dv; ++d) acc[d] += s[i * LkP + j] * v[d];
+    }
+    float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+    std::copy(acc, acc + p.Dv, dst);
   }
 }
 

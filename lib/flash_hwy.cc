@@ -48,6 +48,7 @@ struct Ops {
   static HWY_INLINE V Load(const float* p) { return hn::Load(D(), p); }
   static HWY_INLINE V LoadU(const float* p) { return hn::LoadU(D(), p); }
   static HWY_INLINE void Store(V v, float* p) { hn::Store(v, D(), p); }
+  static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(v, D(), p); }
   static HWY_INLINE V MulAdd(V a, V b, V c) { return hn::MulAdd(a, b, c); }
   static HWY_INLINE V Mul(V a, V b) { return hn::Mul(a, b); }
   static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }
@@ -108,10 +109,15 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   RunTaskImpl<Ops>(p, pl, t, scratch);
 }
 
+void RunUnfusedHead(const detail::Problem& p, std::int64_t b, std::int64_t h,
+                    detail::Scratch& scratch) {
+  RunUnfusedHeadImpl<Ops>(p, b, h, scratch);
+}
+
 void Exp2Array(const float* in, float* out, std::size_t n) {
   constexpr std::size_t N = Ops::kLanes;
   std::size_t i = 0;
-  for (; i + N <= n; i += N) Ops::Store(Ops::Exp2(Ops::LoadU(in + i)), out + i);
+  for (; i + N <= n; i += N) Ops::StoreU(Ops::Exp2(Ops::LoadU(in + i)), out + i);
   if (i < n) {
     alignas(64) float buf[N] = {};
     std::copy(in + i, in + n, buf);
@@ -163,11 +169,16 @@ Target ThisTarget() {
 }
 
 const detail::KernelInfo* GetKernels() {
-  static const detail::KernelInfo info{ThisTarget(),    hwy::TargetName(HWY_TARGET),
-                                       Ops::kLanes,     Ops::kBlockRows,
-                                       Ops::kBlockKeys, &RunTask,
-                                       &Exp2Array,      &FmaProbe,
-                                       &ReadProbe};
+  static const detail::KernelInfo info{.target = ThisTarget(),
+                                       .name = hwy::TargetName(HWY_TARGET),
+                                       .lanes = Ops::kLanes,
+                                       .block_rows = Ops::kBlockRows,
+                                       .block_keys = Ops::kBlockKeys,
+                                       .run_task = &RunTask,
+                                       .exp2 = &Exp2Array,
+                                       .fma_probe = &FmaProbe,
+                                       .read_probe = &ReadProbe,
+                                       .run_unfused_head = &RunUnfusedHead};
   return &info;
 }
 

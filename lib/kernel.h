@@ -67,18 +67,34 @@ struct KernelInfo {
   double (*fma_probe)(std::int64_t iters);
   // Read-bandwidth probe: sums n floats (n a multiple of 64) with vector loads.
   float (*read_probe)(const float* data, std::size_t n);
+  // The unfused three-pass baseline for one (b, h): no masks. For benchmarks.
+  void (*run_unfused_head)(const Problem&, std::int64_t b, std::int64_t h, Scratch&);
 };
 
-// Floats of scratch one task needs: Qp, S, Acc, m, l, per-row mask records (4 floats each), 16
-// for alignment, then the packed K/V blocks (all of the task's keys, or one reused block).
-inline std::size_t task_scratch_floats(const Problem& p, const Plan& pl, std::int64_t task_keys,
-                                       std::int64_t block_keys, std::int64_t dv_padded,
-                                       bool keep_packed) {
-  const std::int64_t rows = pl.rows;
-  const std::int64_t fixed = rows * (p.D + block_keys + dv_padded + 2 + 4) + 16;
-  const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
-  return static_cast<std::size_t>(fixed + blocks * block_keys * (p.D + dv_padded));
-}
+// Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a
+// 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.
+struct TaskScratch {
+  std::size_t qp, s, acc, m, l, rm, kv, total;
+  TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys, std::int64_t block_keys,
+              std::int64_t dv_padded, bool keep_packed) {
+    const auto rows = static_cast<std::size_t>(pl.rows);
+    std::size_t at = 0;
+    auto take = [&](std::size_t floats) {
+      const std::size_t start = at;
+      at += (floats + 15) / 16 * 16;
+      return start;
+    };
+    qp = take(rows * p.D);
+    s = take(rows * block_keys);
+    acc = take(rows * dv_padded);
+    m = take(rows);
+    l = take(rows);
+    rm = take(rows * 4);  // one RowMask (<= 16 bytes) per row
+    const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
+    kv = take(static_cast<std::size_t>(blocks * block_keys * (p.D + dv_padded)));
+    total = at;
+  }
+};
 
 // Where task split `ks` leaves its (m, l, acc[Dv]) for query row (b, h, i).
 inline float* partial_row(const Problem& p, const Plan& pl, std::int64_t b, std::int64_t h,
@@ -86,6 +102,9 @@ inline float* partial_row(const Problem& p, const Plan& pl, std::int64_t b, std:
   const std::int64_t row = (b * p.H + h) * p.Lq + i;
   return pl.partials + (row * pl.k_splits + ks) * pl.partial_row_floats;
 }
+
+// Runs the unfused baseline over every (b, h) with the context's threads (no masks allowed).
+void run_unfused(const Problem& p, Context& ctx);
 
 // The kernels for the best target this CPU supports, capped at `cap`.
 const KernelInfo& kernels_for(Target cap);

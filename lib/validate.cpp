@@ -230,7 +230,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   check_no_self_overlap("out", out);
   check_disjoint("out", eo, {{"Q", eq}, {"K", ek}, {"V", ev}});
   // Outputs written so far, for the aliasing checks of the next ones (fixed size: no allocation).
-  std::array<std::pair<const char*, Extent>, 2> written{{{"out", eo}, {"out", eo}}};
+  std::array<std::pair<const char*, Extent>, 3> written{{{"out", eo}, {"out", eo}, {"out", eo}}};
 
   if (opts.scale) {
     const double s = *opts.scale;
@@ -325,6 +325,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     check_no_self_overlap("weights", w);
     check_disjoint("weights", e, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
     for (const auto& [name, other] : written) check_disjoint("weights", e, {{name, other}});
+    written[2] = {"weights", e};
     p.weights = opts.weights->data;
     p.weights_dtype = w.dtype;
     for (int d = 0; d < 4; ++d) p.weights_s[d] = w.strides[d];

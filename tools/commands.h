@@ -8,5 +8,6 @@ namespace cpuattn::cli {
 
 void add_run_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_examples_command(CLI::App& app, int& exit_code);
 
 }  // namespace cpuattn::cli

@@ -10,12 +10,14 @@ int main(int argc, char** argv) {
       "cpuattn: fast CPU attention, out = softmax(scale * Q K^T + mask) V.\n"
       "Examples:\n"
       "  cpuattn run --q q.npy --k k.npy --v v.npy --out out.npy --mask causal\n"
-      "  cpuattn bench --shape P1 --threads 1,2",
+      "  cpuattn bench --shape P1 --threads 1,2\n"
+      "  cpuattn examples",
       "cpuattn"};
   app.require_subcommand(1);
   int exit_code = 0;
   cpuattn::cli::add_run_command(app, exit_code);
   cpuattn::cli::add_bench_command(app, exit_code);
+  cpuattn::cli::add_examples_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -35,6 +35,10 @@
 
 namespace cpuattn {
 
+namespace detail {
+struct ContextAccess;
+}
+
 // Thrown for every invalid argument. The message starts with "cpuattn: ".
 class Error : public std::invalid_argument {
  public:
@@ -75,6 +79,21 @@ struct BasicView {
     for (int d = (t.rank < kMaxRank ? t.rank : kMaxRank) - 1; d >= 0; --d) {
       t.strides[d] = stride;
       stride *= t.shape[d];
+    }
+    return t;
+  }
+
+  // Row-major view of a shape known only at run time (rank 0..4).
+  static BasicView contiguous(P* data, DType dtype, const std::int64_t* shape, int rank) {
+    BasicView t;
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = rank;
+    std::int64_t stride = 1;
+    for (int d = (rank < kMaxRank ? rank : kMaxRank) - 1; d >= 0; --d) {
+      t.shape[d] = shape[d];
+      t.strides[d] = stride;
+      stride *= shape[d];
     }
     return t;
   }
@@ -161,9 +180,9 @@ class Context {
   Target max_target() const;
 
   struct Impl;
-  Impl& impl() { return *impl_; }
 
  private:
+  friend struct detail::ContextAccess;
   std::unique_ptr<Impl> impl_;
 };
 

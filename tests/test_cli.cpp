@@ -1,0 +1,542 @@
+// End-to-end tests of `cpuattn run`: the built binary (CPUATTN_CLI_PATH) on .npy files written
+// into a temporary directory. Golden values come from the project's seed documents; every golden
+// case runs on the fast path and on the reference.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "npy.h"
+
+#ifndef CPUATTN_CLI_PATH
+#error "CPUATTN_CLI_PATH must be defined to the path of the cpuattn binary"
+#endif
+
+namespace npy = cpuattn::npy;
+using cpuattn::DType;
+
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;
+using Shape = std::vector<std::int64_t>;
+
+const double kInvSqrt3 = 1.0 / std::sqrt(3.0);
+const char* const kPaths[] = {"", " --reference"};  // every golden case runs on both
+
+// ---- Helpers -------------------------------------------------------------------------------
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<double> flatten(const Matrix& m) {
+  std::vector<double> v;
+  for (const auto& row : m) v.insert(v.end(), row.begin(), row.end());
+  return v;
+}
+
+Shape shape_of(const Matrix& m) {
+  return {static_cast<std::int64_t>(m.size()), static_cast<std::int64_t>(m.at(0).size())};
+}
+
+// `values` (row-major, of `shape`) as a float32 or float64 array.
+npy::Array make(const Shape& shape, const std::vector<double>& values, DType dtype = DType::f32) {
+  if (dtype == DType::f64) return npy::from_values(shape, values);
+  return npy::from_values(shape, std::vector<float>(values.begin(), values.end()));
+}
+npy::Array make(const Matrix& m, DType dtype = DType::f32) {
+  return make(shape_of(m), flatten(m), dtype);
+}
+
+// Stacks 2-d matrices of equal shape into [n, rows, cols] values.
+std::vector<double> stack(std::initializer_list<Matrix> ms) {
+  std::vector<double> v;
+  for (const auto& m : ms) {
+    const auto f = flatten(m);
+    v.insert(v.end(), f.begin(), f.end());
+  }
+  return v;
+}
+
+Matrix reversed_rows(Matrix m) { return Matrix(m.rbegin(), m.rend()); }
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "cpuattn_cli_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // Writes `a` to <dir>/<name> and returns the path.
+  std::string put(const std::string& name, const npy::Array& a) const {
+    npy::write(path(name), a);
+    return path(name);
+  }
+  npy::Array get(const std::string& name) const { return npy::read(path(name)); }
+
+  // Runs `cpuattn <args>`; file names in args are relative to the temporary directory.
+  Result run(const std::string& args) const {
+    const std::string cmd = "cd '" + dir_ + "' && '" CPUATTN_CLI_PATH "' " + args + " >'" +
+                            path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(path("stdout.txt"));
+    r.err = slurp(path("stderr.txt"));
+    std::remove(path("stdout.txt").c_str());
+    std::remove(path("stderr.txt").c_str());
+    return r;
+  }
+
+  // Runs `cpuattn run <args>` and expects success; returns OUT.
+  npy::Array run_ok(const std::string& args) const {
+    std::remove(path("out.npy").c_str());
+    const Result r = run("run " + args);
+    EXPECT_EQ(r.exit_code, 0) << "cpuattn " << args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err, "");
+    if (r.exit_code != 0) return {};
+    return get("out.npy");
+  }
+
+  // Runs `cpuattn run <args>` (`cpuattn <args>` if `subcommand` is false) and expects exit
+  // code 2, exactly one line "cpuattn: ..." on stderr, and no OUT. Returns stderr.
+  std::string run_bad(const std::string& args, bool subcommand = true) const {
+    std::remove(path("out.npy").c_str());
+    const Result r = run((subcommand ? "run " : "") + args);
+    EXPECT_EQ(r.exit_code, 2) << "cpuattn " << args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err.rfind("cpuattn: ", 0), 0u) << r.err;
+    EXPECT_FALSE(r.err.empty());
+    if (!r.err.empty()) {
+      EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "stderr is not one line: " << r.err;
+    }
+    EXPECT_FALSE(exists(path("out.npy"))) << "OUT was created by a failing run: " << args;
+    return r.err;
+  }
+
+  std::string dir_;
+};
+
+// Expects `a` to be float32 of `shape` holding `expected` to within `rel` (relative; values
+// within 1e-7 of zero are compared absolutely).
+void expect_values(const npy::Array& a, const Shape& shape, const std::vector<double>& expected,
+                   double rel = 1e-6) {
+  ASSERT_EQ(a.dtype, DType::f32);
+  ASSERT_EQ(a.shape, shape);
+  const std::vector<float> got = npy::values<float>(a);
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(std::abs(got[i] - expected[i]), rel * std::abs(expected[i]) + 1e-7)
+        << "element " << i << ": got " << got[i] << ", expected " << expected[i];
+  }
+}
+
+// ---- The seed documents' examples ----------------------------------------------------------
+
+// Causal self-attention.
+const Matrix kCausalQ = {{1, 0, 0}, {0, 1, 0}};
+const Matrix kCausalK = {{1, 2, 3}, {4, 5, 6}};
+const Matrix kCausalV = {{0, 1, 0}, {1, 0, 1}};
+const Matrix kCausalOut = {{0, 1, 0}, {0.8496745531, 0.1503254469, 0.8496745531}};
+const Matrix kUnmaskedOut = {{0.8496745531, 0.1503254469, 0.8496745531},
+                             {0.8496745531, 0.1503254469, 0.8496745531}};
+
+// Self-attention.
+const Matrix kSelfQ = {{2, 0, 2}, {2, 0, 0}, {4, 0, 2}, {2, 1, 2}};
+const Matrix kSelfK = {{2, 2, 2}, {0, 2, 1}, {2, 4, 3}, {0, 1, 1}};
+const Matrix kSelfV = {{1, 1, 0}, {0, 1, 1}, {1, 2, 1}, {0, 0, 0}};
+const Matrix kSelfOut = {{0.9852202489, 1.74174051, 0.7565202611},
+                         {0.909652645, 1.409652645, 0.5},
+                         {0.99851226, 1.7584933413, 0.7599810813},
+                         {0.9956038602, 1.9040730856, 0.9084692254}};
+
+// Quiz.
+const Matrix kQuizQ = {{0.4685, 0.9785}};
+const Matrix kQuizKV = {{0.5539, 0.7239}, {0.4111, 0.3878}, {0.2376, 0.1264}};
+const std::vector<double> kQuizWeights = {0.46431725, 0.31255873, 0.22312402};
+const std::vector<double> kQuizOut = {0.4386924863, 0.4855324097};
+
+// Dictionary lookup.
+const Matrix kDictK = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+const Matrix kDictV = {{2, 3}, {5, 7}, {3, 2}};
+const Matrix kDictQ = {{0, 1, 0}};
+
+// ---- Golden cases --------------------------------------------------------------------------
+
+TEST_F(Cli, CausalSelfAttention) {
+  put("q.npy", make(kCausalQ));
+  put("k.npy", make(kCausalK));
+  put("v.npy", make(kCausalV));
+  put("bool_mask.npy", npy::from_values<bool>({2, 2}, {true, false, true, true}));
+  const double inf = std::numeric_limits<double>::infinity();
+  put("add_mask.npy", make({2, 2}, {0, -inf, 0, 0}, DType::f64));
+  put("big_mask.npy", make({2, 2}, {0, -1e9, 0, 0}));
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy";
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv + " --mask causal" + p), {2, 3}, flatten(kCausalOut));
+    expect_values(run_ok(qkv + p), {2, 3}, flatten(kUnmaskedOut));
+    expect_values(run_ok(qkv + " --mask bool_mask.npy" + p), {2, 3}, flatten(kCausalOut));
+    expect_values(run_ok(qkv + " --mask add_mask.npy" + p), {2, 3}, flatten(kCausalOut));
+    expect_values(run_ok(qkv + " --mask big_mask.npy" + p), {2, 3}, flatten(kCausalOut));
+    // Lq == Lk: bottom-right is the same as top-left.
+    expect_values(run_ok(qkv + " --mask causal-bottom-right" + p), {2, 3}, flatten(kCausalOut));
+    // Explicit default scale.
+    expect_values(run_ok(qkv + " --mask causal --scale 0.5773502691896258" + p), {2, 3},
+                  flatten(kCausalOut));
+  }
+}
+
+TEST_F(Cli, CausalSelfAttentionLseAndWeights) {
+  put("q.npy", make(kCausalQ));
+  put("k.npy", make(kCausalK));
+  put("v.npy", make(kCausalV));
+  const double s = kInvSqrt3;
+  const double lse1 = std::log(std::exp(2 * s) + std::exp(5 * s));
+  const double w10 = std::exp(2 * s - lse1), w11 = std::exp(5 * s - lse1);
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok("--q q.npy --k k.npy --v v.npy --out out.npy --mask causal "
+                         "--lse lse.npy --weights w.npy" +
+                         std::string(p)),
+                  {2, 3}, flatten(kCausalOut));
+    expect_values(get("lse.npy"), {2}, {s, lse1});
+    expect_values(get("w.npy"), {2, 2}, {1, 0, w10, w11});
+  }
+}
+
+TEST_F(Cli, CausalBottomRightWithFewerQueries) {
+  // One query (the second row) against both keys: bottom-right lets it see both keys (as the
+  // last token of a KV cache), top-left only the first.
+  put("q.npy", make({{0, 1, 0}}));
+  put("k.npy", make(kCausalK));
+  put("v.npy", make(kCausalV));
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy";
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv + " --mask causal-bottom-right" + p), {1, 3}, kUnmaskedOut[1]);
+    expect_values(run_ok(qkv + " --mask causal" + p), {1, 3}, {0, 1, 0});
+  }
+}
+
+TEST_F(Cli, KeyLengths) {
+  put("q.npy", make(kCausalQ));
+  put("k.npy", make(kCausalK));
+  put("v.npy", make(kCausalV));
+  put("len64.npy", npy::from_values<std::int64_t>({1}, {1}));
+  put("len32.npy", npy::from_values<std::int32_t>({1}, {2}));
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy";
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv + " --key-lengths len64.npy" + p), {2, 3}, {0, 1, 0, 0, 1, 0});
+    expect_values(run_ok(qkv + " --key-lengths len32.npy" + p), {2, 3}, flatten(kUnmaskedOut));
+  }
+}
+
+TEST_F(Cli, CausalSelfAttentionFloat64Inputs) {
+  put("q.npy", make(kCausalQ, DType::f64));
+  put("k.npy", make(kCausalK, DType::f64));
+  put("v.npy", make(kCausalV, DType::f64));
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(
+        run_ok("--q q.npy --k k.npy --v v.npy --out out.npy --mask causal" + std::string(p)),
+        {2, 3}, flatten(kCausalOut));
+  }
+  // Mixed float32/float64 inputs.
+  put("k32.npy", make(kCausalK));
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok("--q q.npy --k k32.npy --v v.npy --out out.npy" + std::string(p)), {2, 3},
+                  flatten(kUnmaskedOut));
+  }
+}
+
+TEST_F(Cli, SelfAttention) {
+  put("q.npy", make(kSelfQ));
+  put("k.npy", make(kSelfK));
+  put("v.npy", make(kSelfV));
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok("--q q.npy --k k.npy --v v.npy --out out.npy" + std::string(p)), {4, 3},
+                  flatten(kSelfOut));
+  }
+}
+
+TEST_F(Cli, SelfAttentionRank3) {
+  // Batch 0: the example; batch 1: the same keys and values with the queries reversed.
+  put("q.npy", make({2, 4, 3}, stack({kSelfQ, reversed_rows(kSelfQ)})));
+  put("k.npy", make({2, 4, 3}, stack({kSelfK, kSelfK})));
+  put("v.npy", make({2, 4, 3}, stack({kSelfV, kSelfV})));
+  const auto expected = stack({kSelfOut, reversed_rows(kSelfOut)});
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(
+        run_ok("--q q.npy --k k.npy --v v.npy --out out.npy --lse lse.npy" + std::string(p)),
+        {2, 4, 3}, expected);
+    EXPECT_EQ(get("lse.npy").shape, (Shape{2, 4}));
+  }
+}
+
+TEST_F(Cli, SelfAttentionRank4) {
+  // [B=2, H=2]: heads (example, reversed queries) in batch 0 and (reversed, example) in batch 1.
+  put("q.npy",
+      make({2, 2, 4, 3}, stack({kSelfQ, reversed_rows(kSelfQ), reversed_rows(kSelfQ), kSelfQ})));
+  put("k.npy", make({2, 2, 4, 3}, stack({kSelfK, kSelfK, kSelfK, kSelfK})));
+  put("v.npy", make({2, 2, 4, 3}, stack({kSelfV, kSelfV, kSelfV, kSelfV})));
+  // Grouped-query attention: one K/V head shared by both query heads.
+  put("k1.npy", make({2, 1, 4, 3}, stack({kSelfK, kSelfK})));
+  put("v1.npy", make({2, 1, 4, 3}, stack({kSelfV, kSelfV})));
+  const auto expected =
+      stack({kSelfOut, reversed_rows(kSelfOut), reversed_rows(kSelfOut), kSelfOut});
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(
+        run_ok("--q q.npy --k k.npy --v v.npy --out out.npy --weights w.npy" + std::string(p)),
+        {2, 2, 4, 3}, expected);
+    EXPECT_EQ(get("w.npy").shape, (Shape{2, 2, 4, 4}));
+    expect_values(run_ok("--q q.npy --k k1.npy --v v1.npy --out out.npy" + std::string(p)),
+                  {2, 2, 4, 3}, expected);
+  }
+}
+
+TEST_F(Cli, MasksInEveryRank) {
+  const Matrix ones = {{1, 1}, {1, 1}}, causal = {{1, 0}, {1, 1}};
+  auto bool_mask = [](const Shape& shape, const std::vector<double>& v) {
+    return npy::from_values<bool>(shape, std::vector<bool>(v.begin(), v.end()));
+  };
+  // Rank 3: batch 0 causal, batch 1 unmasked, through a [B, Lq, Lk] mask.
+  put("q3.npy", make({2, 2, 3}, stack({kCausalQ, kCausalQ})));
+  put("k3.npy", make({2, 2, 3}, stack({kCausalK, kCausalK})));
+  put("v3.npy", make({2, 2, 3}, stack({kCausalV, kCausalV})));
+  put("m3.npy", bool_mask({2, 2, 2}, stack({causal, ones})));
+  put("m3b.npy", bool_mask({1, 2, 2}, flatten(causal)));  // broadcast over B
+  put("m2.npy", bool_mask({2, 2}, flatten(causal)));      // lower rank: broadcast
+  put("m1.npy", bool_mask({2}, {1, 0}));                  // [Lk]: only key 0
+  // Rank 4 [B=1, H=2]: head 0 causal, head 1 unmasked.
+  put("q4.npy", make({1, 2, 2, 3}, stack({kCausalQ, kCausalQ})));
+  put("k4.npy", make({1, 2, 2, 3}, stack({kCausalK, kCausalK})));
+  put("v4.npy", make({1, 2, 2, 3}, stack({kCausalV, kCausalV})));
+  put("m4.npy", bool_mask({1, 2, 2, 2}, stack({causal, ones})));
+  put("m4h.npy", bool_mask({2, 2, 2}, stack({causal, ones})));  // [H, Lq, Lk] for rank 4
+  const std::string qkv3 = "--q q3.npy --k k3.npy --v v3.npy --out out.npy --mask ";
+  const std::string qkv4 = "--q q4.npy --k k4.npy --v v4.npy --out out.npy --mask ";
+  const auto causal_then_open = stack({kCausalOut, kUnmaskedOut});
+  const auto causal_twice = stack({kCausalOut, kCausalOut});
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv3 + "m3.npy" + p), {2, 2, 3}, causal_then_open);
+    expect_values(run_ok(qkv3 + "m3b.npy" + p), {2, 2, 3}, causal_twice);
+    expect_values(run_ok(qkv3 + "m2.npy" + p), {2, 2, 3}, causal_twice);
+    expect_values(run_ok(qkv3 + "m1.npy" + p), {2, 2, 3}, {0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0});
+    expect_values(run_ok(qkv3 + "causal" + p), {2, 2, 3}, causal_twice);
+    expect_values(run_ok(qkv4 + "m4.npy" + p), {1, 2, 2, 3}, causal_then_open);
+    expect_values(run_ok(qkv4 + "m4h.npy" + p), {1, 2, 2, 3}, causal_then_open);
+    expect_values(run_ok(qkv4 + "m2.npy" + p), {1, 2, 2, 3}, causal_twice);
+  }
+}
+
+TEST_F(Cli, Quiz) {
+  put("q.npy", make(kQuizQ));
+  put("kv.npy", make(kQuizKV));
+  const std::string qkv = "--q q.npy --k kv.npy --v kv.npy --out out.npy";
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv + " --no-scale --weights w.npy" + p), {1, 2}, kQuizOut);
+    expect_values(get("w.npy"), {1, 3}, kQuizWeights);
+    expect_values(run_ok(qkv + " --scale 1" + p), {1, 2}, kQuizOut);
+    expect_values(run_ok(qkv + " --temperature 1" + p), {1, 2}, kQuizOut);
+    expect_values(run_ok(qkv + " --temperature 0.01" + p), {1, 2}, {0.5539, 0.7239}, 1e-4);
+  }
+}
+
+TEST_F(Cli, DictionaryLookup) {
+  put("q.npy", make(kDictQ));
+  put("k.npy", make(kDictK));
+  put("v.npy", make(kDictV));
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy";
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(qkv + " --no-scale" + p), {1, 2}, {3.9402922119, 5.0925259814});
+    expect_values(run_ok(qkv + " --temperature 0.01" + p), {1, 2}, {5, 7}, 1e-4);
+  }
+}
+
+TEST_F(Cli, ThreadsDoNotChangeTheResult) {
+  put("q.npy", make({2, 2, 4, 3}, stack({kSelfQ, reversed_rows(kSelfQ), kSelfQ, kSelfQ})));
+  put("k.npy", make({2, 2, 4, 3}, stack({kSelfK, kSelfK, kSelfK, kSelfK})));
+  put("v.npy", make({2, 2, 4, 3}, stack({kSelfV, kSelfV, kSelfV, kSelfV})));
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy" + std::string(p);
+    const npy::Array one = run_ok(qkv + " --threads 1");
+    const npy::Array two = run_ok(qkv + " --threads 2");
+    const npy::Array def = run_ok(qkv);
+    EXPECT_EQ(one.data, two.data);
+    EXPECT_EQ(one.data, def.data);
+  }
+}
+
+// ---- Bad input: exit code 2, one line on stderr, no OUT ------------------------------------
+
+class CliBad : public Cli {
+ protected:
+  void SetUp() override {
+    Cli::SetUp();
+    put("q.npy", make(kCausalQ));
+    put("k.npy", make(kCausalK));
+    put("v.npy", make(kCausalV));
+  }
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy";
+};
+
+TEST_F(CliBad, MissingFile) {
+  const std::string err = run_bad("--q nope.npy --k k.npy --v v.npy --out out.npy");
+  EXPECT_NE(err.find("nope.npy"), std::string::npos) << err;
+}
+
+TEST_F(CliBad, MalformedNpy) {
+  std::ofstream(path("bad.npy")) << "\x93NUMPY\x01\x00garbage";
+  const std::string err = run_bad("--q q.npy --k bad.npy --v v.npy --out out.npy");
+  EXPECT_NE(err.find("bad.npy"), std::string::npos) << err;
+  std::ofstream(path("text.npy")) << "1,2,3\n";
+  run_bad("--q q.npy --k k.npy --v text.npy --out out.npy");
+  // Fortran order, with NumPy's advice.
+  std::string h = "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }";
+  h.resize(117, ' ');
+  h += '\n';
+  std::string f = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(h.size()) + '\0' + h +
+                  std::string(24, '\0');
+  std::ofstream(path("fortran.npy"), std::ios::binary) << f;
+  EXPECT_NE(
+      run_bad("--q fortran.npy --k k.npy --v v.npy --out out.npy").find("np.ascontiguousarray"),
+      std::string::npos);
+}
+
+TEST_F(CliBad, MismatchedD) {
+  put("k2.npy", make({{1, 2}, {4, 5}}));
+  const std::string err = run_bad("--q q.npy --k k2.npy --v v.npy --out out.npy");
+  EXPECT_NE(err.find("D"), std::string::npos) << err;
+}
+
+TEST_F(CliBad, BadMaskValue) {
+  const std::string err = run_bad(qkv + " --mask sideways");
+  EXPECT_NE(err.find("sideways"), std::string::npos) << err;
+  // A mask that does not broadcast, one of the wrong dtype, one of too high a rank.
+  put("m3.npy", npy::from_values<bool>({3}, {true, true, true}));
+  run_bad(qkv + " --mask m3.npy");
+  put("mi.npy", npy::from_values<std::int32_t>({2, 2}, {1, 0, 1, 1}));
+  run_bad(qkv + " --mask mi.npy");
+  put("mr.npy", npy::from_values<bool>({1, 2, 2}, {true, false, true, true}));
+  run_bad(qkv + " --mask mr.npy");
+  put("ms.npy", npy::from_values<bool>({}, {true}));
+  run_bad(qkv + " --mask ms.npy");
+}
+
+TEST_F(CliBad, NegativeScale) {
+  run_bad(qkv + " --scale -1");
+  run_bad(qkv + " --scale=-1");
+  run_bad(qkv + " --scale 0");
+  run_bad(qkv + " --scale inf");
+  run_bad(qkv + " --scale nan");
+  run_bad(qkv + " --scale abc");
+  run_bad(qkv + " --temperature 0");
+  run_bad(qkv + " --temperature -2");
+}
+
+TEST_F(CliBad, TwoScaleOptions) {
+  run_bad(qkv + " --scale 1 --no-scale");
+  run_bad(qkv + " --scale 1 --temperature 2");
+  run_bad(qkv + " --temperature 2 --no-scale");
+}
+
+TEST_F(CliBad, OtherBadInputs) {
+  // Ranks differ.
+  put("k3.npy", make({1, 2, 3}, flatten(kCausalK)));
+  run_bad("--q q.npy --k k3.npy --v v.npy --out out.npy");
+  // Rank 1 and rank 5.
+  put("r1.npy", make({3}, {1, 2, 3}));
+  run_bad("--q r1.npy --k k.npy --v v.npy --out out.npy");
+  put("r5.npy", make({1, 1, 1, 2, 3}, flatten(kCausalQ)));
+  run_bad("--q r5.npy --k k.npy --v v.npy --out out.npy");
+  // Integer Q, empty Q.
+  put("qi.npy", npy::from_values<std::int32_t>({2, 3}, {1, 0, 0, 0, 1, 0}));
+  run_bad("--q qi.npy --k k.npy --v v.npy --out out.npy");
+  put("q0.npy", npy::zeros(DType::f32, {0, 3}));
+  run_bad("--q q0.npy --k k.npy --v v.npy --out out.npy");
+  // V with a different Lk.
+  put("v3.npy", make({{0, 1, 0}, {1, 0, 1}, {1, 1, 1}}));
+  run_bad("--q q.npy --k k.npy --v v3.npy --out out.npy");
+  // Key lengths: wrong shape, wrong dtype, out of range.
+  put("len2.npy", npy::from_values<std::int64_t>({2}, {1, 1}));
+  run_bad(qkv + " --key-lengths len2.npy");
+  put("lenf.npy", make({1}, {1}));
+  run_bad(qkv + " --key-lengths lenf.npy");
+  put("len9.npy", npy::from_values<std::int32_t>({1}, {9}));
+  run_bad(qkv + " --key-lengths len9.npy");
+  // Threads.
+  run_bad(qkv + " --threads 0");
+  run_bad(qkv + " --threads two");
+  // Missing required option, unknown option, no subcommand.
+  run_bad("--q q.npy --k k.npy --v v.npy");
+  run_bad(qkv + " --frobnicate");
+  run_bad("", /*subcommand=*/false);
+  run_bad("walk " + qkv, /*subcommand=*/false);
+  // Two outputs with the same name.
+  run_bad(qkv + " --lse out.npy");
+  // OUT in a directory that does not exist: nothing is created anywhere.
+  run_bad("--q q.npy --k k.npy --v v.npy --out no/such/dir/out.npy");
+  // An auxiliary output that cannot be written: OUT is written last, so it is not created.
+  run_bad(qkv + " --lse no/such/dir/lse.npy");
+  run_bad(qkv + " --weights no/such/dir/w.npy");
+}
+
+TEST_F(CliBad, ExistingOutIsLeftAloneOnFailure) {
+  const npy::Array old = make({1}, {42});
+  put("keep.npy", old);
+  const Result r = run("run --q q.npy --k k.npy --v v.npy --out keep.npy --scale -3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(get("keep.npy").data, old.data);
+}
+
+// ---- Help ----------------------------------------------------------------------------------
+
+TEST_F(Cli, Help) {
+  const Result top = run("--help");
+  EXPECT_EQ(top.exit_code, 0) << top.err;
+  EXPECT_NE(top.out.find("run"), std::string::npos) << top.out;
+
+  const Result r = run("run --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* option : {"--q", "--k", "--v", "--out", "--mask", "causal-bottom-right",
+                             "--key-lengths", "--scale", "--temperature", "--no-scale", "--lse",
+                             "--weights", "--threads", "--reference", "Example"}) {
+    EXPECT_NE(r.out.find(option), std::string::npos) << "run --help lacks " << option;
+  }
+}
+
+}  // namespace
