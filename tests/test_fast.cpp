@@ -209,10 +209,15 @@ TEST_P(FastPath, HeadDims) {
   for (std::int64_t D : Ds) {
     for (std::int64_t Dv : Ds) {
       Case c;
-      c.Lq = 9;
+      c.Lq = 9;  // tiled path
       c.Lk = 70;
       c.D = D;
       c.Dv = Dv;
+      check_case(c, GetParam());
+      c.Lq = 1;  // streaming (decode) path: K/V read in place
+      c.H = 4;
+      c.Hkv = 2;
+      c.Lk = 300;
       check_case(c, GetParam());
     }
   }
