@@ -33,23 +33,6 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::f64:
-    case DType::i64:
-      return 8;
-    case DType::bf16:
-    case DType::f16:
-      return 2;
-    case DType::boolean:
-      return 1;
-  }
-  return 0;
-}
-
 namespace detail {
 namespace {
 

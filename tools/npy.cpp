@@ -338,15 +338,14 @@ std::int64_t Array::numel() const {
 bool supported(DType dtype) { return element_size(dtype) != 0; }
 
 std::size_t element_size(DType dtype) {
+  // The dtypes a .npy file can carry here; cpuattn's others (bf16, f16) have no numpy descr.
   switch (dtype) {
     case DType::f32:
-    case DType::i32:
-      return 4;
     case DType::f64:
-    case DType::i64:
-      return 8;
     case DType::boolean:
-      return 1;
+    case DType::i32:
+    case DType::i64:
+      return cpuattn::dtype_size(dtype);
     default:
       return 0;
   }

@@ -50,7 +50,24 @@ class Error : public std::invalid_argument {
 enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64 };
 
 const char* dtype_name(DType dtype);
-std::size_t dtype_size(DType dtype);
+
+// Bytes per element.
+constexpr std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::boolean:
+      return 1;
+  }
+  return 0;
+}
 
 inline constexpr int kMaxRank = 4;
 
