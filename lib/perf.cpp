@@ -1,13 +1,12 @@
 #include "cpuattn/perf.h"
 
-#include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
-
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "context_impl.h"
@@ -27,25 +26,43 @@ void check_threads(int threads) {
   if (threads < 1) throw Error("cpuattn: threads must be >= 1, got " + std::to_string(threads));
 }
 
+// Runs f(t) on `threads` OS threads released together by a spin barrier, and returns the
+// elapsed seconds of the slowest. Plain threads, not a task arena: a freshly created arena may
+// start before its workers join, and then a "2-thread" probe runs on one thread.
+template <class F>
+double run_concurrently(int threads, F&& f) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<double> seconds(static_cast<std::size_t>(threads), 0.0);
+  auto body = [&](int t) {
+    ready.fetch_add(1);
+    while (!go.load(std::memory_order_acquire)) {
+    }
+    const auto t0 = Clock::now();
+    f(t);
+    seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  while (ready.load() < threads - 1) {
+  }
+  go.store(true, std::memory_order_release);
+  body(0);
+  for (auto& th : pool) th.join();
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
 }  // namespace
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
   check_threads(threads);
   const detail::KernelInfo& ki = kernels(context);
-  tbb::task_arena arena(threads);
   double best = 0;
   // About 30 ms a repetition, best of 5: long enough for the clock to settle at the frequency
   // AVX-512 FMAs run at, so that % of peak does not depend on what ran before.
   for (int rep = 0; rep < 5; ++rep) {
-    std::vector<double> flops(threads, 0.0);
-    const std::int64_t iters = 6'000'000;
-    const auto t0 = Clock::now();
-    arena.execute([&] {
-      // One chunk per thread; static so each thread runs exactly one probe concurrently.
-      tbb::parallel_for(
-          0, threads, [&](int t) { flops[t] = ki.fma_probe(iters); }, tbb::static_partitioner());
-    });
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<double> flops(static_cast<std::size_t>(threads), 0.0);
+    const double s = run_concurrently(threads, [&](int t) { flops[t] = ki.fma_probe(6'000'000); });
     double total = 0;
     for (double f : flops) total += f;
     best = std::max(best, total / s * 1e-9);
@@ -60,25 +77,16 @@ double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context
   std::unique_ptr<float, decltype(&std::free)> buf(
       static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
   if (!buf) throw std::bad_alloc();
-  tbb::task_arena arena(threads);
   const std::size_t per = n / threads / 64 * 64;
   // First touch by the threads that will read, so pages are mapped before timing.
-  arena.execute([&] {
-    tbb::parallel_for(
-        0, threads, [&](int t) { std::fill(buf.get() + t * per, buf.get() + (t + 1) * per, 1.0f); },
-        tbb::static_partitioner());
-  });
+  run_concurrently(threads,
+                   [&](int t) { std::fill(buf.get() + t * per, buf.get() + (t + 1) * per, 1.0f); });
   double best = 0;
   volatile float sink = 0;
   for (int rep = 0; rep < 3; ++rep) {
-    std::vector<float> sums(threads);
-    const auto t0 = Clock::now();
-    arena.execute([&] {
-      tbb::parallel_for(
-          0, threads, [&](int t) { sums[t] = ki.read_probe(buf.get() + t * per, per); },
-          tbb::static_partitioner());
-    });
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<float> sums(static_cast<std::size_t>(threads));
+    const double s = run_concurrently(
+        threads, [&](int t) { sums[t] = ki.read_probe(buf.get() + t * per, per); });
     for (float x : sums) sink = sink + x;
     best = std::max(best, double(per) * threads * sizeof(float) / s * 1e-9);
   }
