@@ -343,9 +343,8 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const fl
 }
 
 // Element-wise masks of one streamed score row (the tiled path does this in its epilogue).
-template <class O>
-void MaskScoreRow(float* HWY_RESTRICT srow, std::int64_t ncols, const RowMask& rm,
-                  const MaskInfo& mi) {
+inline void MaskScoreRow(float* HWY_RESTRICT srow, std::int64_t ncols, const RowMask& rm,
+                         const MaskInfo& mi) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < ncols; ++j) {
     if (j >= rm.end) {
@@ -517,7 +516,7 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
             static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
         DotScores<O>(rows, qd, static_cast<std::int64_t>(ts.qd_stride), g.D, K, p.k.s[2], nk_live,
                      s, g.Nk);
-        for (int r = 0; r < rows; ++r) MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
+        for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
       }
       for (std::int64_t c0 = 0; c0 < (stream ? 0 : ncols); c0 += W) {
         const float* panel = kp + (c0 / W) * g.D * W;

@@ -124,7 +124,9 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] > 1) dims[n++] = {t.strides[d], t.shape[d]};
   }
-  std::sort(dims.begin(), dims.begin() + n);
+  for (int i = 1; i < n; ++i) {  // insertion sort of at most 4 (stride, size) pairs
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
   std::int64_t span = 1;
   for (int i = 0; i < n; ++i) {
     const auto [stride, size] = dims[i];
@@ -224,6 +226,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   }
   p.causal = opts.causal;
 
+  Extent mask_extent;
   if (opts.mask) {
     const TensorView& m = *opts.mask;
     if (m.rank < 1 || m.rank > 4)
@@ -237,7 +240,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
       fail("mask " + shape_str(m) + " has dtype " + dtype_name(m.dtype) +
            "; expected bool or float32");
     }
-    extent_of("mask", m);
+    mask_extent = extent_of("mask", m);
     const std::int64_t target[4] = {p.B, p.H, p.Lq, p.Lk};
     p.mask.data = m.data;
     p.mask.dtype = m.dtype;
@@ -314,8 +317,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     for (int d = 0; d < 4; ++d) p.weights_s[d] = w.strides[d];
   }
   if (opts.mask) {
-    const Extent em = extent_of("mask", *opts.mask);
-    for (const auto& [name, e] : written) check_disjoint(name, e, {{"mask", em}});
+    for (const auto& [name, e] : written) check_disjoint(name, e, {{"mask", mask_extent}});
   }
   if (opts.key_lengths) {
     const Extent el = extent_of("key_lengths", *opts.key_lengths);
