@@ -23,13 +23,19 @@ struct Context::Impl {
   // Per calling thread: buffers that live for a whole call (partial results of split keys).
   tbb::enumerable_thread_specific<detail::Scratch> call_scratch;
 
-  // Runs f() with this context's threads.
+  // Per calling thread: the intermediate tensors of a layer call (projections, head outputs).
+  tbb::enumerable_thread_specific<detail::Scratch> layer_scratch;
+
+  // Runs f() with this context's threads. Isolated: while this thread waits for f's tasks it
+  // takes no other task of the arena. Without isolation, a caller's own parallel loop over
+  // requests could hand this thread another request's call in the middle of this one, and that
+  // call would reuse this thread's call_scratch/layer_scratch under it.
   template <class F>
   void run(F&& f) {
     if (arena) {
-      arena->execute(f);
+      arena->execute([&] { tbb::this_task_arena::isolate(f); });
     } else {
-      f();
+      tbb::this_task_arena::isolate(f);
     }
   }
 };

@@ -1,5 +1,5 @@
 // Interface between the target-independent driver (attention.cpp: planning, threading, merging)
-// and the per-target SIMD kernels (flash_hwy.cc, compiled once per Highway target).
+// and the per-target SIMD kernels (kernels_hwy.cc, compiled once per Highway target).
 #pragma once
 
 #include <cstddef>
@@ -23,6 +23,8 @@ class Scratch {
     }
     return buf_.get();
   }
+  float* data() const { return buf_.get(); }
+  std::size_t capacity() const { return capacity_; }
 
  private:
   struct Free {
@@ -52,6 +54,9 @@ struct Plan {
   std::int64_t partial_row_floats = 0;  // Dv + 2
 };
 
+struct GemmProblem;
+struct AdditiveProblem;
+
 struct KernelInfo {
   Target target;
   const char* name;         // Highway's name of the target
@@ -69,6 +74,13 @@ struct KernelInfo {
   float (*read_probe)(const float* data, std::size_t n);
   // The unfused three-pass baseline for one (b, h): no masks. For benchmarks.
   void (*run_unfused_head)(const Problem&, std::int64_t b, std::int64_t h, Scratch&);
+  // Dense product (gemm.h): rows of the micro-kernel, and task t of a planned product.
+  std::int64_t gemm_rows;
+  void (*gemm_task)(const GemmProblem&, std::int64_t t, Scratch&);
+  // Vector tanh over an array (for tests and benchmarks).
+  void (*tanh)(const float* in, float* out, std::size_t n);
+  // Additive attention (layers_kernel.h): task t = one query row.
+  void (*additive_task)(const AdditiveProblem&, std::int64_t t, Scratch&);
 };
 
 // Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a

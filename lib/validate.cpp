@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "checks.h"
 #include "problem.h"
 
 namespace cpuattn {
@@ -34,7 +35,6 @@ const char* dtype_name(DType dtype) {
 }
 
 namespace detail {
-namespace {
 
 std::string shape_str(const TensorView& t) {
   std::string s = "[";
@@ -56,11 +56,6 @@ std::string shapes_of(std::initializer_list<std::pair<const char*, const TensorV
 }
 
 [[noreturn]] void fail(const std::string& what) { throw Error("cpuattn: " + what); }
-
-// The byte range [lo, hi) a view can touch. Also proves that no offset computation overflows.
-struct Extent {
-  std::uintptr_t lo = 0, hi = 0;
-};
 
 Extent extent_of(const char* name, const TensorView& t) {
   std::int64_t last = 0;  // largest element offset
@@ -147,6 +142,8 @@ void check_disjoint(const char* out_name, const Extent& o,
     }
   }
 }
+
+namespace {
 
 Strided4 strided(const TensorView& t) {
   Strided4 s;

@@ -31,17 +31,6 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 namespace cpuattn::test {
 namespace {
 
-// The targets this CPU runs, each as a capped context.
-std::vector<Target> machine_targets() {
-  std::vector<Target> ts;
-  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
-    Context c(0);
-    c.set_max_target(t);
-    if (active_target(&c) == t) ts.push_back(t);
-  }
-  return ts;
-}
-
 enum class MaskCase {
   none,
   causal_tl,

@@ -17,6 +17,17 @@
 
 namespace cpuattn::test {
 
+// The targets this CPU runs; a test caps a Context at each (Context::set_max_target).
+inline std::vector<Target> machine_targets() {
+  std::vector<Target> ts;
+  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+    Context c(0);
+    c.set_max_target(t);
+    if (active_target(&c) == t) ts.push_back(t);
+  }
+  return ts;
+}
+
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {
   std::mt19937 rng(seed);

@@ -1,6 +1,7 @@
-// Highway translation unit of the fused kernel: compiled once per SIMD target (foreach_target.h),
-// exported through one dispatch table. The driver resolves the table entry once per call
-// (kernels_for), so no dispatch happens per task or tile.
+// Highway translation unit of every SIMD kernel (fused attention, the layers' dense product,
+// tanh and additive attention): compiled once per SIMD target (foreach_target.h), exported
+// through one dispatch table. Drivers resolve the table entry once per call (kernels_for), so no
+// dispatch happens per task or tile.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -8,10 +9,12 @@
 #include <cstring>
 #include <limits>
 
+#include "gemm.h"
 #include "kernel.h"
+#include "layers_kernel.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "flash_hwy.cc"
+#define HWY_TARGET_INCLUDE "kernels_hwy.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -30,11 +33,17 @@ struct Ops {
 #if HWY_TARGET <= HWY_AVX3
   // 32 registers: 12x2 score accumulators + 2 K vectors; 6x4 P V accumulators + 4 V vectors.
   static constexpr int kScoreRows = 12, kPvRows = 6, kPvCols = 4;
+  // Dense product: 12 rows x 32 columns = 24 accumulators (see gemm-inl.h).
+  static constexpr int kGemmRows = 12;
 #elif HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
   static constexpr int kScoreRows = 4, kPvRows = 4, kPvCols = 2;
+  static constexpr int kGemmRows = 1;
 #else
   // 16 registers: 6x2 accumulators + 2 operands + 1 broadcast in both micro-kernels.
   static constexpr int kScoreRows = 6, kPvRows = 6, kPvCols = 2;
+  // Dense product: a 32-column panel is 4 AVX2 vectors (3 rows: 12 accumulators) or 8 SSE4
+  // vectors (1 row: 8 accumulators).
+  static constexpr int kGemmRows = kLanes == 8 ? 3 : 1;
 #endif
   // Keys per K/V block. With 64 query rows the score tile is 64 x 128 x 4 B = 32 KiB and one V
   // chunk 128 x 64 x 4 B = 32 KiB: each stays in the 48 KiB L1d while a micro-kernel sweeps it,
@@ -119,6 +128,31 @@ struct Ops {
   }
   static HWY_INLINE float Exp2Scalar(float x) { return std::exp2(x); }
 
+  // tanh(x). Maximum relative error 4e-7 over all finite floats (asserted by
+  // Tanh.StatedErrorOnEveryTarget against double precision); tanh(+-inf) = +-1; NaN gives NaN.
+  // Method: for |x| < 0.625, x + x^3 P(x^2) with P of degree 4 fitted for minimum relative error
+  // on [0, 0.625] (1.3 ulp in f32); above, 1 - 2 / (2^(2 log2(e) |x|) + 1), which has no
+  // cancellation once tanh >= 0.55, with Exp2's 3e-7; |x| >= 9 gives exactly +-1 (the true value
+  // rounds to 1 there). The sign is copied back from x.
+  static HWY_INLINE V Tanh(V x) {
+    const D d;
+    const V ax = hn::Abs(x);
+    const V x2 = hn::Mul(ax, ax);
+    V p = hn::Set(d, -0.0057049766182899475f);
+    p = hn::MulAdd(p, x2, hn::Set(d, 0.020639078691601753f));
+    p = hn::MulAdd(p, x2, hn::Set(d, -0.05373971164226532f));
+    p = hn::MulAdd(p, x2, hn::Set(d, 0.13331441581249237f));
+    p = hn::MulAdd(p, x2, hn::Set(d, -0.3333328068256378f));
+    const V small = hn::MulAdd(hn::Mul(ax, x2), p, ax);
+    const V e = Exp2(hn::Mul(hn::Min(ax, hn::Set(d, 9.0f)), hn::Set(d, 2.8853900817779268f)));
+    const V large =
+        hn::Sub(hn::Set(d, 1.0f), hn::Div(hn::Set(d, 2.0f), hn::Add(e, hn::Set(d, 1.0f))));
+    V t = hn::IfThenElse(hn::Lt(ax, hn::Set(d, 0.625f)), small, large);
+    t = hn::IfThenElse(hn::Ge(ax, hn::Set(d, 9.0f)), hn::Set(d, 1.0f), t);
+    t = hn::IfThenElse(hn::IsNaN(x), x, t);
+    return hn::CopySignToAbs(t, x);
+  }
+
   // Transposes kLanes x kLanes floats in registers: r[i] lane j <- r[j] lane i. Packing K into
   // key-major panels is a transpose; done a lane at a time it costs a store per element, which
   // for cross attention and decode rivals the arithmetic.
@@ -174,6 +208,28 @@ struct Ops {
 };
 
 #include "flash-inl.h"
+#include "gemm-inl.h"
+#include "layers-inl.h"
+
+void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scratch) {
+  GemmTaskImpl<Ops>(g, t, scratch);
+}
+
+void AdditiveTask(const detail::AdditiveProblem& a, std::int64_t t, detail::Scratch& scratch) {
+  AdditiveTaskImpl<Ops>(a, t, scratch);
+}
+
+void TanhArray(const float* in, float* out, std::size_t n) {
+  constexpr std::size_t N = Ops::kLanes;
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) Ops::StoreU(Ops::Tanh(Ops::LoadU(in + i)), out + i);
+  if (i < n) {
+    alignas(64) float buf[N] = {};
+    std::copy(in + i, in + n, buf);
+    Ops::Store(Ops::Tanh(Ops::Load(buf)), buf);
+    std::copy(buf, buf + (n - i), out + i);
+  }
+}
 
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
              detail::Scratch& scratch) {
@@ -249,7 +305,11 @@ const detail::KernelInfo* GetKernels() {
                                        .exp2 = &Exp2Array,
                                        .fma_probe = &FmaProbe,
                                        .read_probe = &ReadProbe,
-                                       .run_unfused_head = &RunUnfusedHead};
+                                       .run_unfused_head = &RunUnfusedHead,
+                                       .gemm_rows = Ops::kGemmRows,
+                                       .gemm_task = &GemmTask,
+                                       .tanh = &TanhArray,
+                                       .additive_task = &AdditiveTask};
   return &info;
 }
 

@@ -1,0 +1,199 @@
+// cpuattn layers: what services build from the attention kernel.
+//
+//   Linear                   y = x W + b, with W packed once for the SIMD product
+//   MultiHeadAttention       projections, heads, fused attention, output projection; self,
+//                            causal, cross attention and incremental decoding with a KvCache
+//   AdditiveAttention        Bahdanau: score(h_i, s_j) = v^T tanh(W1 h_i + W2 s_j)
+//   MultiplicativeAttention  Luong: score(h_i, s_j) = h_i^T W s_j (optionally / sqrt(d_dec))
+//
+// Conventions are those of cpuattn.h: f32 strided views whose last dimension is contiguous,
+// validation of every argument before anything is written (cpuattn::Error names the argument
+// and the shapes), an optional Context for threads and the SIMD target cap, and results that
+// do not depend on the number of threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn {
+
+namespace detail {
+struct PackedMatrix;
+}
+
+// A dense layer y = x W + b. The constructor copies W [K, N] (and b [N]) into the panel layout
+// the SIMD product streams, so the caller's buffers may be freed afterwards; forward() reads x
+// once per output panel block and never allocates in steady state.
+class Linear {
+ public:
+  // weight: f32 [K, N] (rows may be strided, the last dimension contiguous); bias: f32 [N].
+  explicit Linear(const TensorView& weight, const std::optional<TensorView>& bias = std::nullopt);
+  // Several matrices with the same K side by side, y = x [W0 | W1 | ...] + [b0 | b1 | ...]: one
+  // product computes, e.g., the Q, K and V projections and reads x once. `biases` is empty (no
+  // bias) or has one entry per weight (std::nullopt for a part without bias).
+  static Linear concat(const std::vector<TensorView>& weights,
+                       const std::vector<std::optional<TensorView>>& biases = {});
+
+  std::int64_t in_features() const;   // K
+  std::int64_t out_features() const;  // N
+
+  // x: f32 [..., K] of rank 1 to 4; y: f32 [..., N] with the same leading shape. Leading
+  // dimensions may have any strides (e.g. a [B, L, K] slice of a wider buffer); y must not
+  // overlap x.
+  void forward(const TensorView& x, const OutputView& y, Context* context = nullptr) const;
+
+ private:
+  explicit Linear(std::shared_ptr<const detail::PackedMatrix> m);
+  std::shared_ptr<const detail::PackedMatrix> m_;
+};
+
+// The keys and values of past tokens for incremental decoding, owned, f32:
+// keys [batch, kv_heads, capacity, head_dim], values [batch, kv_heads, capacity, value_dim].
+// One length for the whole batch (use one cache per sequence for ragged batches, or key_lengths).
+class KvCache {
+ public:
+  // growable = false: appending beyond `capacity` throws Error and changes nothing.
+  // growable = true: such an append first doubles the capacity (or more, to fit), copying the
+  // cached tokens once; reserve() grows ahead of time.
+  KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
+          std::int64_t capacity, bool growable = false);
+  ~KvCache();
+  KvCache(KvCache&&) noexcept;
+  KvCache& operator=(KvCache&&) noexcept;
+
+  std::int64_t batch() const;
+  std::int64_t kv_heads() const;
+  std::int64_t head_dim() const;
+  std::int64_t value_dim() const;
+  std::int64_t length() const;
+  std::int64_t capacity() const;
+  bool growable() const;
+
+  // Grows to at least `capacity` tokens (keeps the contents). Throws Error on a fixed cache.
+  void reserve(std::int64_t capacity);
+  // Forgets every token; keeps the memory.
+  void clear();
+  // Appends n tokens: k f32 [batch, kv_heads, n, head_dim], v [batch, kv_heads, n, value_dim].
+  void append(const TensorView& k, const TensorView& v);
+  // The cached tokens: [batch, kv_heads, length, head_dim] and [.., value_dim].
+  TensorView keys() const;
+  TensorView values() const;
+
+  struct Storage;
+
+ private:
+  friend class MultiHeadAttention;
+  std::unique_ptr<Storage> s_;
+};
+
+struct MhaConfig {
+  std::int64_t d_model = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;   // 0: same as heads. heads % kv_heads == 0 (GQA; 1 = MQA)
+  std::int64_t head_dim = 0;   // 0: d_model / heads
+  std::int64_t value_dim = 0;  // 0: head_dim
+};
+
+// Weights in the x W convention (W [in, out]); biases optional.
+struct MhaWeights {
+  TensorView wq;  // [d_model, heads * head_dim]
+  TensorView wk;  // [d_model, kv_heads * head_dim]
+  TensorView wv;  // [d_model, kv_heads * value_dim]
+  TensorView wo;  // [heads * value_dim, d_model]
+  std::optional<TensorView> bq, bk, bv, bo;
+};
+
+// Multi-head attention: out = concat_h(attention(x Wq_h, x' Wk_h, x' Wv_h)) Wo + bo.
+// Heads are split by strides over the projections' [B, L, heads, head_dim] output: nothing is
+// transposed or copied between the projections and the fused kernel.
+// `opts` are those of cpuattn::attention (scale, causal, mask, key_lengths, lse, weights), with
+// H = heads, Lq = query tokens and Lk = key tokens.
+class MultiHeadAttention {
+ public:
+  MultiHeadAttention(const MhaConfig& config, const MhaWeights& weights);
+  ~MultiHeadAttention();
+  MultiHeadAttention(MultiHeadAttention&&) noexcept;
+  MultiHeadAttention& operator=(MultiHeadAttention&&) noexcept;
+
+  const MhaConfig& config() const;  // with the defaults filled in
+
+  // Self-attention (bidirectional, or causal via opts.causal): x, out f32 [B, L, d_model].
+  void forward(const TensorView& x, const OutputView& out, const AttentionOptions& opts = {},
+               Context* context = nullptr) const;
+  // Encoder-decoder attention: queries from xq [B, Lq, d_model], keys and values from the
+  // encoder output xkv [B, Lk, d_model]; out [B, Lq, d_model].
+  void forward_cross(const TensorView& xq, const TensorView& xkv, const OutputView& out,
+                     const AttentionOptions& opts = {}, Context* context = nullptr) const;
+  // One decoding step for n new tokens per sequence, x [B, n, d_model]: appends their K and V to
+  // `cache`, then attends the n queries to every cached token with bottom-right causal alignment
+  // (new token i sees cache positions <= old length + i). opts.causal must be none or
+  // bottom_right; masks are [.., n, new length]. On error neither out nor the cache's tokens
+  // change.
+  void decode(const TensorView& x, KvCache& cache, const OutputView& out,
+              const AttentionOptions& opts = {}, Context* context = nullptr) const;
+  // A cache shaped for this layer.
+  KvCache make_cache(std::int64_t batch, std::int64_t capacity, bool growable = false) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Options shared by additive and multiplicative attention. Shapes use B (batch), Lq (decoder
+// steps), Lk (encoder positions).
+struct AlignOptions {
+  std::optional<TensorView> values;       // f32 [B, Lk, dv]; default: the encoder states s
+  std::optional<TensorView> mask;         // bool or additive f32, broadcastable to [B, Lq, Lk]
+  std::optional<TensorView> key_lengths;  // i32 or i64 [B]
+  std::optional<OutputView> weights;      // f32 [B, Lq, Lk]: the attention weights a_ij
+};
+
+struct AdditiveWeights {
+  TensorView w1;                     // [d_dec, A], applied to the decoder states h
+  TensorView w2;                     // [d_enc, A], applied to the encoder states s
+  TensorView v;                      // [A]
+  std::optional<TensorView> b1, b2;  // [A]
+};
+
+// Bahdanau attention: a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)), c_i = sum_j a_ij s_j.
+// W1 h and W2 s are computed once per call (Lq + Lk products, not Lq x Lk); the Lq x Lk x A
+// tanh-and-dot runs in SIMD (tanh: max relative error stated in lib/layers-inl.h and tested).
+class AdditiveAttention {
+ public:
+  explicit AdditiveAttention(const AdditiveWeights& weights);
+  std::int64_t decoder_dim() const;
+  std::int64_t encoder_dim() const;
+  std::int64_t attention_dim() const;
+  // h f32 [B, Lq, d_dec] (Lq = 1 for one decoding step), s f32 [B, Lk, d_enc];
+  // context f32 [B, Lq, dv] with dv = d_enc, or the width of opts.values.
+  void forward(const TensorView& h, const TensorView& s, const OutputView& context,
+               const AlignOptions& opts = {}, Context* context_threads = nullptr) const;
+
+ private:
+  Linear l1_, l2_;
+  std::vector<float> v_;  // padded to whole vectors
+  std::int64_t d_dec_, d_enc_, a_;
+};
+
+// Luong (general) attention: score = h_i^T W s_j, divided by sqrt(d_dec) when `scaled` (as
+// Vaswani et al. advise). Runs as h W once, then the fused attention kernel.
+class MultiplicativeAttention {
+ public:
+  // w: f32 [d_dec, d_enc].
+  explicit MultiplicativeAttention(const TensorView& w, bool scaled = true);
+  std::int64_t decoder_dim() const;
+  std::int64_t encoder_dim() const;
+  void forward(const TensorView& h, const TensorView& s, const OutputView& context,
+               const AlignOptions& opts = {}, Context* context_threads = nullptr) const;
+
+ private:
+  Linear w_;
+  bool scaled_;
+};
+
+}  // namespace cpuattn

@@ -1,0 +1,54 @@
+// Positional encodings: the sinusoidal table of "Attention Is All You Need" and rotary position
+// embedding (RoPE), applied in place to the views the attention entry points take.
+//
+// Angles and their sine and cosine are computed in double precision and rounded to float once, so
+// results stay accurate at large positions (a float32 angle of 1e5 rad is off by ~4e-3 rad).
+// Positions are integers in [0, 2^53], exact in double precision.
+//
+// Like every entry point, these validate all arguments before writing anything: on bad input
+// they throw cpuattn::Error naming the argument and its shape, and leave the tensor untouched.
+// Results do not depend on the number of threads.
+//
+// This header is plain C++20: no SIMD library or threading library types appear in it.
+#pragma once
+
+#include <cstdint>
+
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn {
+
+// Sinusoidal encoding (Vaswani et al.):
+//   PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
+// Writes the rows of positions position_offset .. position_offset+L-1 into `table`, an f32 [L, d]
+// view (last dimension contiguous, any row stride). Any d >= 1; for odd d the last column is a
+// sine. base must be finite and > 1.
+void sinusoidal_table(const OutputView& table, std::int64_t position_offset = 0,
+                      double base = 10000.0, Context* context = nullptr);
+
+// In place: x[b, l, :] += PE(position_offset + l). x is an f32 [L, d] or [B, L, d] view (any
+// non-negative strides, last dimension contiguous).
+void add_sinusoidal(const OutputView& x, std::int64_t position_offset = 0, double base = 10000.0,
+                    Context* context = nullptr);
+
+// Which dimensions of a head form the rotated pairs (R = rotary dimension):
+//   half:        (j, j + R/2)  GPT-NeoX, Llama
+//   interleaved: (2j, 2j + 1)  RoFormer, GPT-J
+enum class RopeStyle : std::uint8_t { half, interleaved };
+
+struct RopeOptions {
+  double base = 10000.0;  // must be finite and > 1
+  RopeStyle style = RopeStyle::half;
+  // R, the number of leading dimensions of each head that are rotated. 0 = D. Must be even and
+  // <= D; dimensions R..D-1 are left as they are (partial rotary, e.g. GPT-NeoX, Phi).
+  std::int64_t rotary_dim = 0;
+};
+
+// Rotary position embedding, in place. x is a logical [B, H, L, D] f32 view (any non-negative
+// strides, last dimension contiguous; e.g. OutputView::blhd over [B, L, H, D] memory). Row l of
+// every (b, h) is at position p = position_offset + l; pair j turns by the angle
+// p * base^(-2j/R):  (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos).
+void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOptions& opts = {},
+                Context* context = nullptr);
+
+}  // namespace cpuattn

@@ -1,0 +1,476 @@
+// The attention family: MultiHeadAttention (self, causal, cross, GQA, incremental decoding with a
+// KvCache), additive (Bahdanau) and multiplicative (Luong) attention, against references built
+// from double-precision products and the reference attention kernel.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpuattn/layers.h"
+#include "test_util.h"
+
+namespace cpuattn::test {
+namespace {
+
+using Dvec = std::vector<double>;
+
+// y [M, N] = x [M, K] w [K, N] + b, in double.
+Dvec matmul(const Dvec& x, const std::vector<float>& w, const std::vector<float>* b, std::int64_t M,
+            std::int64_t K, std::int64_t N) {
+  Dvec y(static_cast<std::size_t>(M * N));
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      double acc = b ? (*b)[n] : 0.0;
+      for (std::int64_t k = 0; k < K; ++k) acc += x[m * K + k] * w[k * N + n];
+      y[m * N + n] = acc;
+    }
+  }
+  return y;
+}
+
+Dvec to_double(const std::vector<float>& v) { return Dvec(v.begin(), v.end()); }
+
+std::vector<float> to_float(const Dvec& v) { return std::vector<float>(v.begin(), v.end()); }
+
+// Uniform in [-1, 1] / sqrt(fan_in): projections keep unit magnitudes.
+std::vector<float> weights(std::int64_t fan_in, std::int64_t fan_out, std::uint32_t seed) {
+  auto w = random_floats(static_cast<std::size_t>(fan_in * fan_out), seed);
+  for (auto& x : w) x /= std::sqrt(static_cast<float>(fan_in));
+  return w;
+}
+
+struct MhaCase {
+  std::int64_t d_model, heads, kv_heads, head_dim, value_dim;
+  bool bias;
+};
+
+struct MhaSetup {
+  MhaConfig cfg;
+  std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
+  bool bias;
+  explicit MhaSetup(MhaCase c, std::uint32_t seed = 1) : bias(c.bias) {
+    if (c.head_dim == 0) c.head_dim = c.d_model / c.heads;
+    if (c.value_dim == 0) c.value_dim = c.head_dim;
+    cfg = {c.d_model, c.heads, c.kv_heads, c.head_dim, c.value_dim};
+    wq = weights(c.d_model, c.heads * c.head_dim, seed);
+    wk = weights(c.d_model, c.kv_heads * c.head_dim, seed + 1);
+    wv = weights(c.d_model, c.kv_heads * c.value_dim, seed + 2);
+    wo = weights(c.heads * c.value_dim, c.d_model, seed + 3);
+    bq = random_floats(c.heads * c.head_dim, seed + 4);
+    bk = random_floats(c.kv_heads * c.head_dim, seed + 5);
+    bv = random_floats(c.kv_heads * c.value_dim, seed + 6);
+    bo = random_floats(c.d_model, seed + 7);
+  }
+  MultiHeadAttention layer() const {
+    MhaWeights w{f32_view(wq.data(), {cfg.d_model, cfg.heads * cfg.head_dim}),
+                 f32_view(wk.data(), {cfg.d_model, cfg.kv_heads * cfg.head_dim}),
+                 f32_view(wv.data(), {cfg.d_model, cfg.kv_heads * cfg.value_dim}),
+                 f32_view(wo.data(), {cfg.heads * cfg.value_dim, cfg.d_model})};
+    if (bias) {
+      w.bq = f32_view(bq.data(), {cfg.heads * cfg.head_dim});
+      w.bk = f32_view(bk.data(), {cfg.kv_heads * cfg.head_dim});
+      w.bv = f32_view(bv.data(), {cfg.kv_heads * cfg.value_dim});
+      w.bo = f32_view(bo.data(), {cfg.d_model});
+    }
+    return MultiHeadAttention(cfg, w);
+  }
+  // The layer in double: projections, reference attention on f64 [B, L, H, D] views, output.
+  std::vector<float> reference(const std::vector<float>& xq, std::int64_t B, std::int64_t Lq,
+                               const std::vector<float>& xkv, std::int64_t Lk, Causal causal,
+                               const std::vector<std::int64_t>* key_lengths = nullptr) const {
+    const MhaConfig& c = cfg;
+    const auto* nb = static_cast<const std::vector<float>*>(nullptr);
+    const Dvec q =
+        matmul(to_double(xq), wq, bias ? &bq : nb, B * Lq, c.d_model, c.heads * c.head_dim);
+    const Dvec k =
+        matmul(to_double(xkv), wk, bias ? &bk : nb, B * Lk, c.d_model, c.kv_heads * c.head_dim);
+    const Dvec v =
+        matmul(to_double(xkv), wv, bias ? &bv : nb, B * Lk, c.d_model, c.kv_heads * c.value_dim);
+    Dvec a(static_cast<std::size_t>(B * Lq * c.heads * c.value_dim));
+    AttentionOptions opts;
+    opts.causal = causal;
+    if (key_lengths)
+      opts.key_lengths = TensorView::contiguous(key_lengths->data(), DType::i64, {B});
+    reference_attention(TensorView::blhd(q.data(), DType::f64, B, Lq, c.heads, c.head_dim),
+                        TensorView::blhd(k.data(), DType::f64, B, Lk, c.kv_heads, c.head_dim),
+                        TensorView::blhd(v.data(), DType::f64, B, Lk, c.kv_heads, c.value_dim),
+                        OutputView::blhd(a.data(), DType::f64, B, Lq, c.heads, c.value_dim), opts);
+    return to_float(matmul(a, wo, bias ? &bo : nb, B * Lq, c.heads * c.value_dim, c.d_model));
+  }
+};
+
+// Three chained products of width ~d_model and a softmax over Lk: the error of each stage is
+// bounded by ~eps * sqrt(reduction) per unit magnitude; this adds them with a safety factor.
+double mha_atol(const MhaConfig& c, std::int64_t Lk) {
+  return 16 * std::numeric_limits<float>::epsilon() *
+         (c.d_model + c.heads * c.value_dim + std::sqrt(double(Lk)) * 8);
+}
+
+class MhaTargets : public ::testing::TestWithParam<Target> {};
+
+TEST_P(MhaTargets, SelfCausalCrossAndGqaMatchReference) {
+  Context ctx(2);
+  ctx.set_max_target(GetParam());
+  std::uint32_t seed = 10;
+  for (const MhaCase& mc : {MhaCase{40, 4, 2, 10, 12, true}, MhaCase{33, 3, 1, 11, 0, false},
+                            MhaCase{64, 8, 8, 0, 0, true}, MhaCase{24, 6, 3, 5, 7, true}}) {
+    const MhaSetup s(mc, ++seed);
+    const MultiHeadAttention layer = s.layer();
+    const MhaConfig& c = layer.config();
+    for (std::int64_t B : {1, 2}) {
+      for (std::int64_t L : {1, 13, 70}) {
+        auto x = random_floats(B * L * c.d_model, ++seed);
+        for (Causal causal : {Causal::none, Causal::top_left}) {
+          std::vector<float> out(B * L * c.d_model, 9.0f);
+          AttentionOptions opts;
+          opts.causal = causal;
+          layer.forward(f32_view(x.data(), {B, L, c.d_model}),
+                        f32_view(out.data(), {B, L, c.d_model}), opts, &ctx);
+          const auto want = s.reference(x, B, L, x, L, causal);
+          ASSERT_TRUE(all_close(out.data(), want.data(), out.size(), mha_atol(c, L), 0))
+              << "self d_model=" << c.d_model << " H=" << c.heads << " Hkv=" << c.kv_heads
+              << " B=" << B << " L=" << L << " causal=" << int(causal);
+        }
+        // Cross attention to an encoder output of another length, with padded batches.
+        const std::int64_t Lk = L + 6;
+        auto enc = random_floats(B * Lk * c.d_model, ++seed);
+        std::vector<std::int64_t> lengths(B);
+        for (std::int64_t b = 0; b < B; ++b) lengths[b] = Lk - 3 * b;
+        AttentionOptions opts;
+        opts.key_lengths = TensorView::contiguous(lengths.data(), DType::i64, {B});
+        std::vector<float> out(B * L * c.d_model);
+        layer.forward_cross(f32_view(x.data(), {B, L, c.d_model}),
+                            f32_view(enc.data(), {B, Lk, c.d_model}),
+                            f32_view(out.data(), {B, L, c.d_model}), opts, &ctx);
+        const auto want = s.reference(x, B, L, enc, Lk, Causal::none, &lengths);
+        ASSERT_TRUE(all_close(out.data(), want.data(), out.size(), mha_atol(c, Lk), 0))
+            << "cross d_model=" << c.d_model << " B=" << B << " Lq=" << L << " Lk=" << Lk;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, MhaTargets, ::testing::ValuesIn(machine_targets()),
+                         [](const auto& info) { return std::string(target_name(info.param)); });
+
+// Prefill, single tokens and a chunk through a KvCache give the rows of one causal pass over the
+// whole sequence.
+TEST(MhaDecode, IncrementalEqualsFullCausalPass) {
+  const MhaSetup s(MhaCase{48, 6, 2, 8, 0, true}, 77);
+  const MultiHeadAttention layer = s.layer();
+  const MhaConfig& c = layer.config();
+  const std::int64_t B = 2, T = 12;
+  auto x = random_floats(B * T * c.d_model, 78);
+  const auto want = s.reference(x, B, T, x, T, Causal::top_left);
+  for (bool growable : {false, true}) {
+    KvCache cache = layer.make_cache(B, growable ? 2 : T, growable);
+    Context ctx(2);
+    std::int64_t pos = 0;
+    for (std::int64_t n : {5, 1, 1, 1, 1, 3}) {
+      // x's tokens [pos, pos + n) of every batch: a strided slice of the whole sequence.
+      TensorView xs = f32_view(x.data() + pos * c.d_model, {B, n, c.d_model});
+      xs.strides = {T * c.d_model, c.d_model, 1, 0};
+      std::vector<float> out(B * n * c.d_model);
+      layer.decode(xs, cache, f32_view(out.data(), {B, n, c.d_model}), {}, &ctx);
+      for (std::int64_t b = 0; b < B; ++b) {
+        ASSERT_TRUE(all_close(out.data() + b * n * c.d_model,
+                              want.data() + (b * T + pos) * c.d_model, n * c.d_model,
+                              mha_atol(c, T), 0))
+            << "tokens [" << pos << ", " << pos + n << ") batch " << b << " growable " << growable;
+      }
+      pos += n;
+      ASSERT_EQ(cache.length(), pos);
+    }
+    EXPECT_GE(cache.capacity(), T);
+  }
+}
+
+TEST(MhaDecode, FullFixedCacheIsAnErrorThatChangesNothing) {
+  const MhaSetup s(MhaCase{16, 2, 1, 8, 0, false}, 5);
+  const MultiHeadAttention layer = s.layer();
+  KvCache cache = layer.make_cache(1, 4);
+  auto x = random_floats(3 * 16, 6);
+  std::vector<float> out(3 * 16, 0.5f);
+  layer.decode(f32_view(x.data(), {1, 3, 16}), cache, f32_view(out.data(), {1, 3, 16}));
+  const std::vector<float> keys_before(static_cast<const float*>(cache.keys().data),
+                                       static_cast<const float*>(cache.keys().data) + 3 * 8);
+  std::fill(out.begin(), out.end(), 0.5f);
+  try {
+    layer.decode(f32_view(x.data(), {1, 2, 16}), cache, f32_view(out.data(), {1, 2, 16}));
+    ADD_FAILURE() << "appending 2 tokens to 3 of capacity 4 must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("capacity 4"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.length(), 3);
+  EXPECT_EQ(cache.capacity(), 4);
+  for (float v : out) ASSERT_EQ(v, 0.5f);
+  const auto* k = static_cast<const float*>(cache.keys().data);
+  EXPECT_EQ(std::vector<float>(k, k + 3 * 8), keys_before);
+  EXPECT_THROW(cache.reserve(8), Error);
+  // A bad mask is caught before the cache changes.
+  std::vector<std::uint8_t> mask(5, 1);
+  AttentionOptions opts;
+  opts.mask = TensorView::contiguous(mask.data(), DType::boolean, {5});
+  KvCache big = layer.make_cache(1, 16);
+  EXPECT_THROW(
+      layer.decode(f32_view(x.data(), {1, 1, 16}), big, f32_view(out.data(), {1, 1, 16}), opts),
+      Error);
+  EXPECT_EQ(big.length(), 0);
+}
+
+TEST(KvCache, AppendGrowClearAndViews) {
+  KvCache cache(2, 3, 4, 5, 2, /*growable=*/true);
+  std::vector<float> k1 = random_floats(2 * 3 * 3 * 4, 1), v1 = random_floats(2 * 3 * 3 * 5, 2);
+  cache.append(f32_view(k1.data(), {2, 3, 3, 4}), f32_view(v1.data(), {2, 3, 3, 5}));
+  EXPECT_EQ(cache.length(), 3);
+  EXPECT_GE(cache.capacity(), 3);
+  const TensorView kv = cache.keys(), vv = cache.values();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 3; ++h)
+      for (std::int64_t l = 0; l < 3; ++l) {
+        const auto* kr = static_cast<const float*>(kv.data) + b * kv.strides[0] +
+                         h * kv.strides[1] + l * kv.strides[2];
+        const auto* vr = static_cast<const float*>(vv.data) + b * vv.strides[0] +
+                         h * vv.strides[1] + l * vv.strides[2];
+        for (int d = 0; d < 4; ++d) ASSERT_EQ(kr[d], k1[((b * 3 + h) * 3 + l) * 4 + d]);
+        for (int d = 0; d < 5; ++d) ASSERT_EQ(vr[d], v1[((b * 3 + h) * 3 + l) * 5 + d]);
+      }
+  EXPECT_THROW(cache.append(f32_view(k1.data(), {2, 3, 3, 5}), f32_view(v1.data(), {2, 3, 3, 5})),
+               Error);
+  cache.clear();
+  EXPECT_EQ(cache.length(), 0);
+  EXPECT_THROW(KvCache(0, 1, 1, 1, 1), Error);
+}
+
+// ------------------------------------------------------------------ additive / multiplicative
+
+struct AlignRef {
+  std::int64_t B, Lq, Lk, d_dec, d_enc, A, dv;
+  std::vector<float> h, s, w1, w2, v, b1, b2, values, wmul;
+  std::vector<std::uint8_t> mask;  // [B, Lq, Lk] or empty
+  std::vector<std::int32_t> lengths;
+
+  // softmax over visible keys of `score(b, i, j)`, then the weighted sum of values (or s).
+  template <class Score>
+  void finish(Score score, bool use_values, std::vector<float>& ctx_out,
+              std::vector<float>& w_out) const {
+    const std::int64_t width = use_values ? dv : d_enc;
+    const std::vector<float>& val = use_values ? values : s;
+    ctx_out.assign(B * Lq * width, 0.0f);
+    w_out.assign(B * Lq * Lk, 0.0f);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t i = 0; i < Lq; ++i) {
+        Dvec sc(Lk, -std::numeric_limits<double>::infinity());
+        double mx = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < Lk; ++j) {
+          if (!lengths.empty() && j >= lengths[b]) continue;
+          if (!mask.empty() && !mask[(b * Lq + i) * Lk + j]) continue;
+          sc[j] = score(b, i, j);
+          mx = std::max(mx, sc[j]);
+        }
+        if (mx == -std::numeric_limits<double>::infinity()) continue;  // all masked: zeros
+        double l = 0;
+        for (auto& x : sc) l += (x = std::exp(x - mx));
+        for (std::int64_t j = 0; j < Lk; ++j) {
+          w_out[(b * Lq + i) * Lk + j] = static_cast<float>(sc[j] / l);
+          for (std::int64_t d = 0; d < width; ++d) {
+            ctx_out[(b * Lq + i) * width + d] +=
+                static_cast<float>(sc[j] / l * val[(b * Lk + j) * width + d]);
+          }
+        }
+      }
+    }
+  }
+
+  void additive(bool use_values, std::vector<float>& c, std::vector<float>& w) const {
+    std::vector<float> nb;
+    const Dvec e1 = matmul(to_double(h), w1, &b1, B * Lq, d_dec, A);
+    const Dvec e2 = matmul(to_double(s), w2, &b2, B * Lk, d_enc, A);
+    finish(
+        [&](std::int64_t b, std::int64_t i, std::int64_t j) {
+          double acc = 0;
+          for (std::int64_t a = 0; a < A; ++a)
+            acc += v[a] * std::tanh(e1[(b * Lq + i) * A + a] + e2[(b * Lk + j) * A + a]);
+          return acc;
+        },
+        use_values, c, w);
+  }
+
+  void multiplicative(bool scaled, bool use_values, std::vector<float>& c,
+                      std::vector<float>& w) const {
+    const Dvec g = matmul(to_double(h), wmul, nullptr, B * Lq, d_dec, d_enc);
+    finish(
+        [&](std::int64_t b, std::int64_t i, std::int64_t j) {
+          double acc = 0;
+          for (std::int64_t e = 0; e < d_enc; ++e)
+            acc += g[(b * Lq + i) * d_enc + e] * s[(b * Lk + j) * d_enc + e];
+          return scaled ? acc / std::sqrt(double(d_dec)) : acc;
+        },
+        use_values, c, w);
+  }
+};
+
+AlignRef make_align(std::int64_t B, std::int64_t Lq, std::int64_t Lk, std::int64_t d_dec,
+                    std::int64_t d_enc, std::int64_t A, std::int64_t dv, std::uint32_t seed) {
+  AlignRef r{B, Lq, Lk, d_dec, d_enc, A, dv};
+  r.h = random_floats(B * Lq * d_dec, seed);
+  r.s = random_floats(B * Lk * d_enc, seed + 1);
+  r.w1 = weights(d_dec, A, seed + 2);
+  r.w2 = weights(d_enc, A, seed + 3);
+  r.v = random_floats(A, seed + 4);
+  r.b1 = random_floats(A, seed + 5, -0.1f, 0.1f);
+  r.b2 = random_floats(A, seed + 6, -0.1f, 0.1f);
+  r.values = random_floats(B * Lk * dv, seed + 7);
+  r.wmul = weights(d_dec, d_enc, seed + 8);
+  return r;
+}
+
+class AlignTargets : public ::testing::TestWithParam<Target> {};
+
+TEST_P(AlignTargets, AdditiveAndMultiplicativeMatchReference) {
+  Context ctx(2);
+  ctx.set_max_target(GetParam());
+  std::uint32_t seed = 300;
+  for (std::int64_t B : {1, 3}) {
+    for (std::int64_t Lq : {1, 5}) {
+      for (std::int64_t Lk : {1, 7, 19}) {
+        for (std::int64_t A : {1, 5, 17, 33}) {
+          for (int variant = 0; variant < 3; ++variant) {  // plain, values + mask, lengths
+            AlignRef r = make_align(B, Lq, Lk, 9, 13, A, 6, seed += 10);
+            AlignOptions opts;
+            const bool use_values = variant == 1;
+            if (use_values) {
+              opts.values = f32_view(r.values.data(), {B, Lk, 6});
+              r.mask.resize(B * Lq * Lk);
+              std::mt19937 rng(seed);
+              for (auto& m : r.mask) m = rng() % 4 != 0;
+              opts.mask = TensorView::contiguous(r.mask.data(), DType::boolean, {B, Lq, Lk});
+            }
+            if (variant == 2) {
+              for (std::int64_t b = 0; b < B; ++b)
+                r.lengths.push_back(
+                    static_cast<std::int32_t>(std::max<std::int64_t>(0, Lk - 2 * b)));
+              opts.key_lengths = TensorView::contiguous(r.lengths.data(), DType::i32, {B});
+            }
+            const std::int64_t width = use_values ? 6 : 13;
+            std::vector<float> c(B * Lq * width), w(B * Lq * Lk), want_c, want_w;
+            opts.weights = f32_view(w.data(), {B, Lq, Lk});
+            const std::string where = "B=" + std::to_string(B) + " Lq=" + std::to_string(Lq) +
+                                      " Lk=" + std::to_string(Lk) + " A=" + std::to_string(A) +
+                                      " variant=" + std::to_string(variant);
+
+            AdditiveAttention add({f32_view(r.w1.data(), {9, A}), f32_view(r.w2.data(), {13, A}),
+                                   f32_view(r.v.data(), {A}), f32_view(r.b1.data(), {A}),
+                                   f32_view(r.b2.data(), {A})});
+            add.forward(f32_view(r.h.data(), {B, Lq, 9}), f32_view(r.s.data(), {B, Lk, 13}),
+                        f32_view(c.data(), {B, Lq, width}), opts, &ctx);
+            r.additive(use_values, want_c, want_w);
+            // Scores sum A tanh values (4e-7 each) weighted by |v| <= 1, behind two products.
+            const double atol = 16 * std::numeric_limits<float>::epsilon() * (A + 13 + Lk);
+            ASSERT_TRUE(all_close(c.data(), want_c.data(), c.size(), atol, 0))
+                << "additive context " << where;
+            ASSERT_TRUE(all_close(w.data(), want_w.data(), w.size(), atol, 0))
+                << "additive weights " << where;
+
+            for (bool scaled : {true, false}) {
+              MultiplicativeAttention mul(f32_view(r.wmul.data(), {9, 13}), scaled);
+              mul.forward(f32_view(r.h.data(), {B, Lq, 9}), f32_view(r.s.data(), {B, Lk, 13}),
+                          f32_view(c.data(), {B, Lq, width}), opts, &ctx);
+              r.multiplicative(scaled, use_values, want_c, want_w);
+              ASSERT_TRUE(all_close(c.data(), want_c.data(), c.size(), atol, 0))
+                  << "multiplicative context " << where << " scaled " << scaled;
+              ASSERT_TRUE(all_close(w.data(), want_w.data(), w.size(), atol, 0))
+                  << "multiplicative weights " << where << " scaled " << scaled;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, AlignTargets, ::testing::ValuesIn(machine_targets()),
+                         [](const auto& info) { return std::string(target_name(info.param)); });
+
+// The seed's loop (encoder_dim 100, decoder_dim 50, 10 encoder states, 13 decoder steps): one
+// step at a time equals all steps at once, for both kinds, without the weights output. Additive
+// rows are computed independently (bitwise equal); multiplicative runs the fused kernel, whose
+// single-row path sums in another order (equal within rounding).
+TEST(Align, SeedLoopStepByStepEqualsAllAtOnce) {
+  AlignRef r = make_align(1, 13, 10, 50, 100, 50, 100, 900);
+  AdditiveAttention add({f32_view(r.w1.data(), {50, 50}), f32_view(r.w2.data(), {100, 50}),
+                         f32_view(r.v.data(), {50}), f32_view(r.b1.data(), {50}),
+                         f32_view(r.b2.data(), {50})});
+  MultiplicativeAttention mul(f32_view(r.wmul.data(), {50, 100}));
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<float> all(13 * 100), step(100);
+    const TensorView s = f32_view(r.s.data(), {1, 10, 100});
+    auto run = [&](const TensorView& h, const OutputView& c) {
+      if (kind == 0)
+        add.forward(h, s, c);
+      else
+        mul.forward(h, s, c);
+    };
+    run(f32_view(r.h.data(), {1, 13, 50}), f32_view(all.data(), {1, 13, 100}));
+    std::vector<float> want_c, want_w;
+    if (kind == 0)
+      r.additive(false, want_c, want_w);
+    else
+      r.multiplicative(true, false, want_c, want_w);
+    EXPECT_TRUE(all_close(all.data(), want_c.data(), all.size(), 1e-5, 0)) << "kind " << kind;
+    for (int i = 0; i < 13; ++i) {
+      run(f32_view(r.h.data() + i * 50, {1, 1, 50}), f32_view(step.data(), {1, 1, 100}));
+      if (kind == 0) {
+        for (int d = 0; d < 100; ++d) ASSERT_EQ(step[d], all[i * 100 + d]) << "step " << i;
+      } else {
+        ASSERT_TRUE(all_close(step.data(), all.data() + i * 100, 100, 1e-6, 0)) << "step " << i;
+      }
+    }
+  }
+}
+
+TEST(Align, BadArgumentsNameThemAndLeaveOutputsUntouched) {
+  AlignRef r = make_align(2, 3, 4, 5, 6, 7, 2, 1);
+  AdditiveAttention add(
+      {f32_view(r.w1.data(), {5, 7}), f32_view(r.w2.data(), {6, 7}), f32_view(r.v.data(), {7})});
+  std::vector<float> c(2 * 3 * 6, 4.0f);
+  auto expect_error = [&](auto&& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    for (float v : c) ASSERT_EQ(v, 4.0f);
+  };
+  const auto h = f32_view(r.h.data(), {2, 3, 5});
+  const auto s = f32_view(r.s.data(), {2, 4, 6});
+  expect_error(
+      [&] {
+        add.forward(f32_view(r.h.data(), {2, 3, 4}), s, f32_view(c.data(), {2, 3, 6}));
+      },
+      "decoder width 5");
+  expect_error(
+      [&] {
+        add.forward(h, f32_view(r.s.data(), {1, 4, 6}), f32_view(c.data(), {2, 3, 6}));
+      },
+      "s must be [2,Lk,6]");
+  expect_error([&] { add.forward(h, s, f32_view(c.data(), {2, 3, 5})); }, "context [2,3,5]");
+  std::vector<std::uint8_t> m(5, 1);
+  AlignOptions o;
+  o.mask = TensorView::contiguous(m.data(), DType::boolean, {5});
+  expect_error([&] { add.forward(h, s, f32_view(c.data(), {2, 3, 6}), o); }, "mask");
+  AlignOptions ov;
+  ov.values = f32_view(r.values.data(), {2, 3, 2});
+  expect_error([&] { add.forward(h, s, f32_view(c.data(), {2, 3, 6}), ov); }, "values [2,3,2]");
+  EXPECT_THROW(AdditiveAttention({f32_view(r.w1.data(), {5, 7}), f32_view(r.w2.data(), {6, 6}),
+                                  f32_view(r.v.data(), {7})}),
+               Error);
+  EXPECT_THROW(AdditiveAttention({f32_view(r.w1.data(), {5, 7}), f32_view(r.w2.data(), {6, 7}),
+                                  f32_view(r.v.data(), {6})}),
+               Error);
+}
+
+}  // namespace
+}  // namespace cpuattn::test
