@@ -36,6 +36,10 @@ struct Rows {
   }
 };
 
+// Micro-panels per task row block (96 rows on AVX-512): its packed rows of A, 96 x K floats,
+// stay in L2 while every panel of B passes.
+inline constexpr std::int64_t kGemmRowPanels = 8;
+
 struct GemmProblem {
   Rows a;  // M rows of K floats (read only)
   Rows c;  // M rows of N floats

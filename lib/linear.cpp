@@ -27,7 +27,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
     // thread (short inputs, decoding) the panels are split as well.
     const std::int64_t threads = tbb::this_task_arena::max_concurrency();
     const std::int64_t want = 4 * threads;
-    g.row_block = std::min((g.M + mr - 1) / mr, std::int64_t{8}) * mr;
+    g.row_block = std::min((g.M + mr - 1) / mr, kGemmRowPanels) * mr;
     g.row_tasks = (g.M + g.row_block - 1) / g.row_block;
     g.panel_block = g.b->panels;
     while (g.row_tasks * ((g.b->panels + g.panel_block - 1) / g.panel_block) < want &&

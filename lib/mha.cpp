@@ -125,6 +125,14 @@ void KvCache::reserve(std::int64_t capacity) {
 
 void KvCache::clear() { s_->length = 0; }
 
+void KvCache::truncate(std::int64_t length) {
+  if (length < 0 || length > s_->length) {
+    fail("KvCache::truncate(" + std::to_string(length) + "): must be in [0, " +
+         std::to_string(s_->length) + "], the cached length");
+  }
+  s_->length = length;
+}
+
 void KvCache::append(const TensorView& k, const TensorView& v) {
   check_f32("k", k, 4);
   check_f32("v", v, 4);

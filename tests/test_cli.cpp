@@ -2,48 +2,34 @@
 // into a temporary directory. Golden values come from the project's seed documents; every golden
 // case runs on the fast path and on the reference.
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "npy.h"
-
-#ifndef CPUATTN_CLI_PATH
-#error "CPUATTN_CLI_PATH must be defined to the path of the cpuattn binary"
-#endif
 
 namespace npy = cpuattn::npy;
 using cpuattn::DType;
 
 namespace {
 
+using cpuattn::cli_test::exists;
+using cpuattn::cli_test::expect_values;
+using cpuattn::cli_test::make;
+using cpuattn::cli_test::Result;
+using cpuattn::cli_test::Shape;
+using Cli = cpuattn::cli_test::CliTest;
 using Matrix = std::vector<std::vector<double>>;
-using Shape = std::vector<std::int64_t>;
 
 const double kInvSqrt3 = 1.0 / std::sqrt(3.0);
 const char* const kPaths[] = {"", " --reference"};  // every golden case runs on both
 
 // ---- Helpers -------------------------------------------------------------------------------
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 std::vector<double> flatten(const Matrix& m) {
   std::vector<double> v;
@@ -55,11 +41,6 @@ Shape shape_of(const Matrix& m) {
   return {static_cast<std::int64_t>(m.size()), static_cast<std::int64_t>(m.at(0).size())};
 }
 
-// `values` (row-major, of `shape`) as a float32 or float64 array.
-npy::Array make(const Shape& shape, const std::vector<double>& values, DType dtype = DType::f32) {
-  if (dtype == DType::f64) return npy::from_values(shape, values);
-  return npy::from_values(shape, std::vector<float>(values.begin(), values.end()));
-}
 npy::Array make(const Matrix& m, DType dtype = DType::f32) {
   return make(shape_of(m), flatten(m), dtype);
 }
@@ -75,85 +56,6 @@ std::vector<double> stack(std::initializer_list<Matrix> ms) {
 }
 
 Matrix reversed_rows(Matrix m) { return Matrix(m.rbegin(), m.rend()); }
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "cpuattn_cli_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
-
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-
-  // Writes `a` to <dir>/<name> and returns the path.
-  std::string put(const std::string& name, const npy::Array& a) const {
-    npy::write(path(name), a);
-    return path(name);
-  }
-  npy::Array get(const std::string& name) const { return npy::read(path(name)); }
-
-  // Runs `cpuattn <args>`; file names in args are relative to the temporary directory.
-  Result run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_ + "' && '" CPUATTN_CLI_PATH "' " + args + " >'" +
-                            path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(path("stdout.txt"));
-    r.err = slurp(path("stderr.txt"));
-    std::remove(path("stdout.txt").c_str());
-    std::remove(path("stderr.txt").c_str());
-    return r;
-  }
-
-  // Runs `cpuattn run <args>` and expects success; returns OUT.
-  npy::Array run_ok(const std::string& args) const {
-    std::remove(path("out.npy").c_str());
-    const Result r = run("run " + args);
-    EXPECT_EQ(r.exit_code, 0) << "cpuattn " << args << "\nstderr: " << r.err;
-    EXPECT_EQ(r.err, "");
-    if (r.exit_code != 0) return {};
-    return get("out.npy");
-  }
-
-  // Runs `cpuattn run <args>` (`cpuattn <args>` if `subcommand` is false) and expects exit
-  // code 2, exactly one line "cpuattn: ..." on stderr, and no OUT. Returns stderr.
-  std::string run_bad(const std::string& args, bool subcommand = true) const {
-    std::remove(path("out.npy").c_str());
-    const Result r = run((subcommand ? "run " : "") + args);
-    EXPECT_EQ(r.exit_code, 2) << "cpuattn " << args << "\nstderr: " << r.err;
-    EXPECT_EQ(r.err.rfind("cpuattn: ", 0), 0u) << r.err;
-    EXPECT_FALSE(r.err.empty());
-    if (!r.err.empty()) {
-      EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "stderr is not one line: " << r.err;
-    }
-    EXPECT_FALSE(exists(path("out.npy"))) << "OUT was created by a failing run: " << args;
-    return r.err;
-  }
-
-  std::string dir_;
-};
-
-// Expects `a` to be float32 of `shape` holding `expected` to within `rel` (relative; values
-// within 1e-7 of zero are compared absolutely).
-void expect_values(const npy::Array& a, const Shape& shape, const std::vector<double>& expected,
-                   double rel = 1e-6) {
-  ASSERT_EQ(a.dtype, DType::f32);
-  ASSERT_EQ(a.shape, shape);
-  const std::vector<float> got = npy::values<float>(a);
-  ASSERT_EQ(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LE(std::abs(got[i] - expected[i]), rel * std::abs(expected[i]) + 1e-7)
-        << "element " << i << ": got " << got[i] << ", expected " << expected[i];
-  }
-}
 
 // ---- The seed documents' examples ----------------------------------------------------------
 

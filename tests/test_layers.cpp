@@ -238,6 +238,10 @@ TEST(KvCache, AppendGrowClearAndViews) {
       }
   EXPECT_THROW(cache.append(f32_view(k1.data(), {2, 3, 3, 5}), f32_view(v1.data(), {2, 3, 3, 5})),
                Error);
+  EXPECT_THROW(cache.truncate(4), Error);
+  cache.truncate(1);
+  EXPECT_EQ(cache.length(), 1);
+  EXPECT_EQ(cache.keys().shape[2], 1);
   cache.clear();
   EXPECT_EQ(cache.length(), 0);
   EXPECT_THROW(KvCache(0, 1, 1, 1, 1), Error);

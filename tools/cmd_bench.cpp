@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -14,6 +17,7 @@
 
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
+#include "cpuattn/layers.h"
 #include "cpuattn/perf.h"
 
 namespace cpuattn::cli {
@@ -70,9 +74,9 @@ Shape parse_shape(const std::string& text, bool causal) {
       if (used != item.size() || x < 1) throw std::invalid_argument("");
       v.push_back(x);
     } catch (const std::exception&) {
-      throw std::invalid_argument(
-          "--shape '" + text +
-          "': expected a name (S1,P1,P2,X1,D1,D2) or B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
+      throw std::invalid_argument("--shape '" + text +
+                                  "': expected a name (S1,P1,P2,X1,D1,D2,L1,M1,M2) or "
+                                  "B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
     }
   }
   if (v.size() < 5 || v.size() > 7) {
@@ -104,23 +108,131 @@ struct Options {
   bool json = false;
 };
 
+// One timed case: its work (FLOPs, and the bytes it must stream for memory-bound cases) and a
+// function that runs it once on a context. Inputs are made once per case, outside the timing.
+struct Case {
+  std::string name, dims;
+  double flops = 0, bytes = 0;
+  bool memory_bound = false;  // report GB/s against the read bandwidth as well
+  std::function<void(Context&)> run;
+};
+
+Case attention_case(const Shape& s) {
+  struct Data {
+    std::vector<float> q, k, v, out;
+  };
+  auto d = std::make_shared<Data>();
+  d->q.resize(s.B * s.H * s.Lq * s.D);
+  d->k.resize(s.B * s.Hkv * s.Lk * s.D);
+  d->v.resize(s.B * s.Hkv * s.Lk * s.Dv);
+  d->out.resize(s.B * s.H * s.Lq * s.Dv);
+  fill(d->q, 1);
+  fill(d->k, 2);
+  fill(d->v, 3);
+  AttentionOptions opts;
+  opts.causal = s.causal ? Causal::top_left : Causal::none;
+  Case c{s.name, s.dims(), s.flops(), s.kv_bytes(), s.decode(), {}};
+  c.run = [d, s, opts](Context& ctx) {
+    attention(f32_view(d->q.data(), {s.B, s.H, s.Lq, s.D}),
+              f32_view(d->k.data(), {s.B, s.Hkv, s.Lk, s.D}),
+              f32_view(d->v.data(), {s.B, s.Hkv, s.Lk, s.Dv}),
+              f32_view(d->out.data(), {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
+  };
+  return c;
+}
+
+// Layer cases (README, "Benchmarks"): the dense product of a fused Q/K/V projection, a whole
+// multi-head attention layer, and one decoding step against a 4096-token KV cache.
+constexpr std::int64_t kDm = 768, kHeads = 12, kTokens = 4096;
+
+std::shared_ptr<MultiHeadAttention> bench_layer() {
+  std::vector<float> wq(kDm * kDm), wk(kDm * kDm), wv(kDm * kDm), wo(kDm * kDm), b(kDm);
+  fill(wq, 4);
+  fill(wk, 5);
+  fill(wv, 6);
+  fill(wo, 7);
+  fill(b, 8);
+  for (auto* w : {&wq, &wk, &wv, &wo})
+    for (auto& x : *w) x *= 0.036f;  // ~ 1/sqrt(d_model): unit-sized activations
+  const auto m = [](const std::vector<float>& w) { return f32_view(w.data(), {kDm, kDm}); };
+  const auto bv = f32_view(b.data(), {kDm});
+  return std::make_shared<MultiHeadAttention>(
+      MhaConfig{kDm, kHeads, 0, 0, 0}, MhaWeights{m(wq), m(wk), m(wv), m(wo), bv, bv, bv, bv});
+}
+
+std::optional<Case> layer_case(const std::string& name) {
+  if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
+    const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
+    auto x = std::make_shared<std::vector<float>>(M * K);
+    auto y = std::make_shared<std::vector<float>>(M * N);
+    std::vector<float> w(K * N);
+    fill(*x, 9);
+    fill(w, 10);
+    auto lin = std::make_shared<Linear>(f32_view(w.data(), {K, N}));
+    return Case{"L1", "Linear M4096 K768 N2304", 2.0 * M * K * N, 0, false, [=](Context& ctx) {
+                  lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
+                }};
+  }
+  if (name == "M1") {  // self-attention layer, B 8, L 512
+    const std::int64_t B = 8, L = 512;
+    auto layer = bench_layer();
+    auto x = std::make_shared<std::vector<float>>(B * L * kDm);
+    auto out = std::make_shared<std::vector<float>>(B * L * kDm);
+    fill(*x, 11);
+    const double proj = 2.0 * B * L * kDm * kDm * 4;  // Q, K, V and output projections
+    const double attn = 4.0 * B * kHeads * L * L * (kDm / kHeads);
+    return Case{"M1", "MHA B8 L512 d768 H12", proj + attn, 0, false, [=](Context& ctx) {
+                  layer->forward(f32_view(x->data(), {B, L, kDm}),
+                                 f32_view(out->data(), {B, L, kDm}), {}, &ctx);
+                }};
+  }
+  if (name == "M2") {  // one new token per sequence, 8 sequences, 4096 cached tokens each
+    const std::int64_t B = 8;
+    auto layer = bench_layer();
+    auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1));
+    // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
+    // back, so every run attends to 4097 tokens.
+    std::vector<float> kv(B * kHeads * kTokens * (kDm / kHeads));
+    fill(kv, 12);
+    const TensorView kvv = f32_view(kv.data(), {B, kHeads, kTokens, kDm / kHeads});
+    cache->append(kvv, kvv);
+    auto x = std::make_shared<std::vector<float>>(B * kDm);
+    auto out = std::make_shared<std::vector<float>>(B * kDm);
+    fill(*x, 13);
+    const double proj = 2.0 * B * kDm * kDm * 4;
+    const double attn = 4.0 * B * kHeads * (kTokens + 1) * (kDm / kHeads);
+    const double bytes = 4.0 * (4 * kDm * kDm + 2.0 * B * (kTokens + 1) * kDm);
+    return Case{
+        "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {
+          layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
+                        f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
+          cache->truncate(kTokens);  // drop the new token: every run sees 4097
+        }};
+  }
+  return std::nullopt;
+}
+
 int run_bench(const Options& o) {
-  std::vector<Shape> shapes;
-  for (const auto& s : o.shapes) shapes.push_back(parse_shape(s, o.causal));
-  if (shapes.empty()) {
-    for (const char* n : {"S1", "P1", "P2", "X1", "D1", "D2"})
-      shapes.push_back(parse_shape(n, o.causal));
+  std::vector<std::string> names = o.shapes;
+  if (names.empty()) names = {"S1", "P1", "P2", "X1", "D1", "D2", "L1", "M1", "M2"};
+  std::vector<Case> cases;
+  for (const auto& n : names) {
+    if (auto lc = layer_case(n)) {
+      cases.push_back(std::move(*lc));
+    } else {
+      cases.push_back(attention_case(parse_shape(n, o.causal)));
+    }
   }
   const Target cap = parse_target(o.target);
-  const bool any_decode =
-      std::any_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.decode(); });
+  const bool any_memory =
+      std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.memory_bound; });
 
   std::map<int, double> peak, bw;
   for (int t : o.threads) {
     Context probe_ctx(t);
     probe_ctx.set_max_target(cap);
     peak[t] = measure_fma_peak_gflops(t, &probe_ctx);
-    if (any_decode) bw[t] = measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx);
+    if (any_memory) bw[t] = measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx);
   }
   if (!o.json) {
     Context capped(1);
@@ -129,62 +241,47 @@ int run_bench(const Options& o) {
                 target_name(active_target(&capped)), o.repeat);
     for (int t : o.threads) {
       std::printf("machine peak, %d thread%s: %.0f GFLOP/s FMA", t, t > 1 ? "s" : "", peak[t]);
-      if (any_decode) std::printf(", %.1f GB/s read", bw[t]);
+      if (any_memory) std::printf(", %.1f GB/s read", bw[t]);
       std::printf("\n");
     }
     std::printf("\n%-5s %-34s %7s %10s %9s %7s %8s %6s\n", "shape", "dims", "threads", "median_ms",
                 "GFLOP/s", "%peak", "GB/s", "%bw");
   }
 
-  for (const Shape& s : shapes) {
-    std::vector<float> q(s.B * s.H * s.Lq * s.D), k(s.B * s.Hkv * s.Lk * s.D),
-        v(s.B * s.Hkv * s.Lk * s.Dv), out(s.B * s.H * s.Lq * s.Dv);
-    fill(q, 1);
-    fill(k, 2);
-    fill(v, 3);
-    AttentionOptions opts;
-    opts.causal = s.causal ? Causal::top_left : Causal::none;
+  for (const Case& c : cases) {
     for (int t : o.threads) {
       Context ctx(t);
       ctx.set_max_target(cap);
-      auto once = [&] {
-        attention(f32_view(q.data(), {s.B, s.H, s.Lq, s.D}),
-                  f32_view(k.data(), {s.B, s.Hkv, s.Lk, s.D}),
-                  f32_view(v.data(), {s.B, s.Hkv, s.Lk, s.Dv}),
-                  f32_view(out.data(), {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
-      };
-      once();  // warm-up: scratch allocation, page faults, thread start
+      c.run(ctx);  // warm-up: scratch allocation, page faults, thread start
       std::vector<double> ms;
       for (int r = 0; r < o.repeat; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        once();
+        c.run(ctx);
         ms.push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count());
       }
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
-      const double gflops = s.flops() / (med * 1e-3) * 1e-9;
-      const double gbps = s.kv_bytes() / (med * 1e-3) * 1e-9;
+      const double gflops = c.flops / (med * 1e-3) * 1e-9;
+      const double gbps = c.bytes / (med * 1e-3) * 1e-9;
       const double pct = 100.0 * gflops / peak[t];
       if (o.json) {
-        nlohmann::json j = {{"shape", s.name},  {"dims", s.dims()},
+        nlohmann::json j = {{"shape", c.name},  {"dims", c.dims},
                             {"threads", t},     {"target", target_name(active_target(&ctx))},
                             {"median_ms", med}, {"gflops", gflops},
                             {"gbps", gbps},     {"peak_gflops", peak[t]},
                             {"pct_peak", pct}};
-        if (any_decode) {
+        if (any_memory) {
           j["read_gbps"] = bw[t];
           j["pct_bw"] = 100.0 * gbps / bw[t];
         }
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf("%-5s %-34s %7d %10.3f %9.1f %6.1f%% %8.1f",
-                    s.name.size() > 5 ? "-" : s.name.c_str(), s.dims().c_str(), t, med, gflops, pct,
+                    c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), t, med, gflops, pct,
                     gbps);
-        if (s.decode() && bw.count(t)) {
-          std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
-        }
+        if (c.memory_bound && bw.count(t)) std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
         std::printf("\n");
       }
       std::fflush(stdout);
@@ -203,6 +300,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "(GB/s of K+V and % of read bandwidth for decode), both measured at start.\n"
       "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
       "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128.\n"
+      "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
+      "B8 L512 d_model768 H12; M2 its decode step, B8, one new token against 4096 cached ones\n"
+      "(GB/s counts weights + KV cache read).\n"
       "Example: cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json");
   cmd->add_option("--shape", opts->shapes,
                   "Named shape or B,H,Lq,Lk,D[,Hkv[,Dv]] (repeatable; default: all named shapes)");

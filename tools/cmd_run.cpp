@@ -1,136 +1,90 @@
 // `cpuattn run`: attention on .npy files.
 //
-// Inputs of rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D] are viewed as rank 4 without copying
-// (rank 2 as [1, 1, L, D], rank 3 as [B, 1, L, D]); outputs keep the rank of Q. Everything is
-// computed in memory before anything is written, and every file is written atomically, OUT last,
-// so a failed run leaves no OUT behind.
-#include <sys/stat.h>
+// --kind sdpa (the default): scaled dot-product attention. Inputs of rank 2 [L, D], 3 [B, L, D]
+// or 4 [B, H, L, D] are viewed as rank 4 without copying (rank 2 as [1, 1, L, D], rank 3 as
+// [B, 1, L, D]); outputs keep the rank of Q.
+// --kind additive / multiplicative: Bahdanau / Luong attention of decoder states H over encoder
+// states S (cpuattn/layers.h). Inputs of rank 2 [L, F] are one batch; outputs keep H's rank.
+//
+// Everything is computed in memory before anything is written, and every file is written
+// atomically, OUT last, so a failed run leaves no OUT behind.
 #include <tbb/task_arena.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
-#include <new>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
+#include "cpuattn/layers.h"
 #include "npy.h"
 
 namespace cpuattn::cli {
 namespace {
 
+enum Kind : unsigned { kSdpa = 1, kAdditive = 2, kMultiplicative = 4 };
+
+const char* kind_name(unsigned kind) {
+  switch (kind) {
+    case kSdpa:
+      return "sdpa";
+    case kAdditive:
+      return "additive";
+    case kMultiplicative:
+      return "multiplicative";
+    default:
+      return "additive or multiplicative";
+  }
+}
+
+// An option that belongs to some kinds only: given with another kind it is an error.
+struct KindOption {
+  std::string name;  // "--w1"
+  CLI::Option* option;
+  unsigned allowed;   // Kind bits
+  unsigned required;  // Kind bits
+};
+
 struct RunArgs {
+  std::string kind = "sdpa";
   std::string q, k, v, out;
   std::string mask, key_lengths, lse, weights;
+  std::string h, s, values, w1, w2, va, b1, b2, w;
   double scale = 0, temperature = 0;
-  bool no_scale = false;
+  bool no_scale = false, unscaled = false;
   int threads = 0;
   bool reference = false;
   // Set after parsing: whether the option was given.
   CLI::Option* scale_opt = nullptr;
   CLI::Option* temperature_opt = nullptr;
+  std::vector<KindOption> kind_options;
 };
 
-// Bad input found by this command (the library and npy throw their own errors).
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& message) { throw BadInput(message); }
-
-// "Q (q.npy)" for messages.
-std::string named(const char* what, const std::string& path) {
-  return std::string(what) + " (" + path + ")";
+bool is_causal_keyword(const std::string& mask) {
+  return mask == "causal" || mask == "causal-bottom-right";
 }
 
-// Reads Q, K or V: float32/float64, rank 2..4, no empty dimension. Converted to float32 unless
-// `keep_f64` (the reference takes float64 as is).
-npy::Array load_qkv(const char* what, const std::string& path, bool keep_f64) {
-  npy::Array a = npy::read(path);
-  if (a.dtype != DType::f32 && a.dtype != DType::f64) {
-    fail(named(what, path) + " has dtype " + dtype_name(a.dtype) + "; expected float32 or float64");
-  }
-  if (a.rank() < 2 || a.rank() > 4) {
-    fail(named(what, path) + " has shape " + npy::shape_str(a.shape) +
-         "; expected rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]");
-  }
-  for (std::int64_t d : a.shape) {
-    if (d < 1) {
-      fail(named(what, path) + " has shape " + npy::shape_str(a.shape) +
-           "; every dimension must be at least 1");
+// Options given for the wrong kind, and required options missing for this kind.
+void check_kind_options(const RunArgs& a, unsigned kind) {
+  for (const KindOption& o : a.kind_options) {
+    if (o.option->count() > 0 && (o.allowed & kind) == 0) {
+      fail(o.name + " is not an option of --kind " + kind_name(kind) + " (it is for --kind " +
+           kind_name(o.allowed) + ")");
     }
   }
-  if (a.dtype == DType::f64 && !keep_f64) a = npy::to_f32(a);
-  return a;
-}
-
-// A view of rank `rank` whose dimension positions[i] is dimension i of `t`; the other dimensions
-// have size 1 (with the stride a contiguous layout would give them).
-template <class View>
-View place(const View& t, int rank, std::initializer_list<int> positions) {
-  View r;
-  r.data = t.data;
-  r.dtype = t.dtype;
-  r.rank = rank;
-  bool filled[kMaxRank] = {};
-  int i = 0;
-  for (int p : positions) {
-    r.shape[p] = t.shape[i];
-    r.strides[p] = t.strides[i];
-    filled[p] = true;
-    ++i;
+  for (const KindOption& o : a.kind_options) {
+    if (o.option->count() == 0 && (o.required & kind) != 0) {
+      fail("--kind " + std::string(kind_name(kind)) + " requires " + o.name);
+    }
   }
-  for (int d = rank - 1; d >= 0; --d) {
-    if (filled[d]) continue;
-    r.shape[d] = 1;
-    r.strides[d] = d + 1 < rank ? r.strides[d + 1] * r.shape[d + 1] : 1;
-  }
-  return r;
 }
 
-// [.., L, X] of rank 2..4 as [B, H, L, X].
-template <class View>
-View as_bhlx(const View& t) {
-  if (t.rank == 2) return place(t, 4, {2, 3});
-  if (t.rank == 3) return place(t, 4, {0, 2, 3});
-  return t;
-}
-
-// [.., Lq] of rank 1..3 (Q's rank minus one) as [B, H, Lq].
-template <class View>
-View as_bhl(const View& t) {
-  if (t.rank == 1) return place(t, 3, {2});
-  if (t.rank == 2) return place(t, 3, {0, 2});
-  return t;
-}
-
-std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last) {
-  shape.back() = last;
-  return shape;
-}
-
-// The library's messages start with "cpuattn: "; ours are printed with that prefix added once.
-void report(std::string message) {
-  const std::string prefix = "cpuattn: ";
-  while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  std::fprintf(stderr, "cpuattn: %s\n", message.c_str());
-}
-
-bool path_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-void run(const RunArgs& a) {
+void run_sdpa(const RunArgs& a) {
   // ---- Options that need no file.
   AttentionOptions opts;
   if (a.scale_opt->count() > 0) {
@@ -148,29 +102,20 @@ void run(const RunArgs& a) {
   } else if (a.no_scale) {
     opts.scale = 1.0;
   }
-  const bool mask_is_file =
-      !a.mask.empty() && a.mask != "causal" && a.mask != "causal-bottom-right";
+  const bool mask_is_file = !a.mask.empty() && !is_causal_keyword(a.mask);
   if (a.mask == "causal") opts.causal = Causal::top_left;
   if (a.mask == "causal-bottom-right") opts.causal = Causal::bottom_right;
   if (mask_is_file && !path_exists(a.mask)) {
     fail("--mask must be 'causal', 'causal-bottom-right' or an existing .npy file; got '" + a.mask +
          "'");
   }
-  const std::vector<std::pair<const char*, const std::string*>> outputs = {
-      {"--out", &a.out}, {"--lse", &a.lse}, {"--weights", &a.weights}};
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (std::size_t j = i + 1; j < outputs.size(); ++j) {
-      if (!outputs[i].second->empty() && *outputs[i].second == *outputs[j].second) {
-        fail(std::string(outputs[i].first) + " and " + outputs[j].first + " name the same file '" +
-             *outputs[i].second + "'");
-      }
-    }
-  }
+  check_distinct_outputs({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}});
 
   // ---- Inputs.
-  const npy::Array q = load_qkv("Q", a.q, a.reference);
-  const npy::Array k = load_qkv("K", a.k, a.reference);
-  const npy::Array v = load_qkv("V", a.v, a.reference);
+  const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
+  const npy::Array q = load_float("Q", a.q, 2, 4, qkv_shapes, a.reference);
+  const npy::Array k = load_float("K", a.k, 2, 4, qkv_shapes, a.reference);
+  const npy::Array v = load_float("V", a.v, 2, 4, qkv_shapes, a.reference);
   const int rank = q.rank();
   if (k.rank() != rank || v.rank() != rank) {
     fail("Q, K and V must have the same rank; got Q " + npy::shape_str(q.shape) + ", K " +
@@ -182,43 +127,12 @@ void run(const RunArgs& a) {
 
   npy::Array mask;
   if (mask_is_file) {
-    mask = npy::read(a.mask);
-    if (mask.dtype == DType::f64) mask = npy::to_f32(mask);
-    if (mask.dtype != DType::boolean && mask.dtype != DType::f32) {
-      fail(named("mask", a.mask) + " has dtype " + dtype_name(mask.dtype) +
-           "; expected bool (true = attend) or float32/float64 (added to the scores)");
-    }
-    if (mask.rank() < 1 || mask.rank() > rank) {
-      fail(named("mask", a.mask) + " has shape " + npy::shape_str(mask.shape) +
-           "; expected rank 1.." + std::to_string(rank) + ", broadcastable to the scores " +
-           npy::shape_str(scores_shape));
-    }
-    // NumPy broadcasting in the inputs' rank: align trailing dimensions.
-    const std::vector<std::int64_t> given = mask.shape;
-    mask.shape.insert(mask.shape.begin(), static_cast<std::size_t>(rank - mask.rank()), 1);
-    for (int d = 0; d < rank; ++d) {
-      if (mask.shape[d] != 1 && mask.shape[d] != scores_shape[d]) {
-        fail(named("mask", a.mask) + " of shape " + npy::shape_str(given) +
-             " does not broadcast to the scores " + npy::shape_str(scores_shape) +
-             " (Q's shape with Lk last)");
-      }
-    }
+    mask = load_mask(a.mask, scores_shape, "Q's shape with Lk last");
     opts.mask = as_bhlx(npy::input_view(mask));
   }
-
   npy::Array key_lengths;
   if (!a.key_lengths.empty()) {
-    key_lengths = npy::read(a.key_lengths);
-    if (key_lengths.dtype != DType::i32 && key_lengths.dtype != DType::i64) {
-      fail(named("key lengths", a.key_lengths) + " has dtype " + dtype_name(key_lengths.dtype) +
-           "; expected int32 or int64");
-    }
-    const std::int64_t B = rank == 2 ? 1 : q.shape[0];
-    if (key_lengths.rank() != 1 || key_lengths.shape[0] != B) {
-      fail(named("key lengths", a.key_lengths) + " has shape " + npy::shape_str(key_lengths.shape) +
-           "; expected (" + std::to_string(B) + ",), one length per batch" +
-           (rank == 2 ? " (rank-2 inputs are one batch)" : ""));
-    }
+    key_lengths = load_key_lengths(a.key_lengths, rank == 2 ? 1 : q.shape[0], rank == 2);
     opts.key_lengths = npy::input_view(key_lengths);
   }
 
@@ -246,12 +160,8 @@ void run(const RunArgs& a) {
       reference_attention(qv, kv, vv, ov, opts);
     }
   } else {
-    // An owned context (0 = the caller's arena, like the default one) with the default context's
-    // target, so that CPUATTN_TARGET still applies. Owning it frees its scratch memory at exit;
-    // the never-destroyed default context shows up as a leak under LeakSanitizer.
-    Context context(a.threads);
-    context.set_max_target(active_target());
-    attention(qv, kv, vv, ov, opts, &context);
+    const std::unique_ptr<Context> context = make_context(a.threads);
+    attention(qv, kv, vv, ov, opts, context.get());
   }
 
   // ---- Files: OUT last, so that OUT exists only if every output was written.
@@ -260,21 +170,160 @@ void run(const RunArgs& a) {
   npy::write(a.out, out);
 }
 
+// A weight matrix [rows, cols] or vector [n] of an alignment model.
+npy::Array load_weight(const char* what, const std::string& path, int rank) {
+  return load_float(what, path, rank, rank, rank == 1 ? "rank 1 [A]" : "rank 2 [in, out]");
+}
+
+// Additive (Bahdanau) or multiplicative (Luong) attention.
+void run_align(const RunArgs& a, unsigned kind) {
+  if (is_causal_keyword(a.mask)) {
+    fail("--mask " + a.mask + " is only for --kind sdpa; --kind " + kind_name(kind) +
+         " takes a .npy mask broadcastable to [B, Lq, Lk]");
+  }
+  check_distinct_outputs({{"--out", a.out}, {"--weights", a.weights}});
+
+  // ---- The model (its constructor checks the weights against each other).
+  std::optional<AdditiveAttention> additive;
+  std::optional<MultiplicativeAttention> multiplicative;
+  if (kind == kAdditive) {
+    const npy::Array w1 = load_weight("W1", a.w1, 2), w2 = load_weight("W2", a.w2, 2);
+    const npy::Array va = load_weight("v (--va)", a.va, 1);
+    npy::Array b1, b2;
+    AdditiveWeights aw{npy::input_view(w1), npy::input_view(w2), npy::input_view(va), {}, {}};
+    if (!a.b1.empty()) {
+      b1 = load_weight("b1", a.b1, 1);
+      aw.b1 = npy::input_view(b1);
+    }
+    if (!a.b2.empty()) {
+      b2 = load_weight("b2", a.b2, 1);
+      aw.b2 = npy::input_view(b2);
+    }
+    additive.emplace(aw);  // copies the weights
+  } else {
+    const npy::Array w = load_weight("W", a.w, 2);
+    multiplicative.emplace(npy::input_view(w), !a.unscaled);
+  }
+
+  // ---- Inputs.
+  const char* const states = "rank 2 [L, F] or 3 [B, L, F]";
+  const npy::Array h = load_float("H", a.h, 2, 3, states);
+  const npy::Array s = load_float("S", a.s, 2, 3, states);
+  const int rank = h.rank();
+  const bool unbatched = rank == 2;
+  npy::Array values;
+  if (!a.values.empty()) values = load_float("values", a.values, 2, 3, states);
+  const npy::Array& vals = a.values.empty() ? s : values;
+  if (s.rank() != rank || vals.rank() != rank) {
+    fail("H, S and the values must have the same rank; got H " + npy::shape_str(h.shape) + ", S " +
+         npy::shape_str(s.shape) +
+         (a.values.empty() ? "" : ", values " + npy::shape_str(vals.shape)));
+  }
+  const std::int64_t Lk = s.shape[rank - 2];
+  const std::vector<std::int64_t> scores_shape = with_last(h.shape, Lk);
+
+  AlignOptions opts;
+  if (!a.values.empty()) opts.values = as_blx(npy::input_view(values));
+  npy::Array mask, key_lengths;
+  if (!a.mask.empty()) {
+    mask = load_mask(a.mask, scores_shape, "H's shape with Lk last");
+    opts.mask = npy::input_view(mask);  // rank 2 or 3: the library broadcasts it to [B, Lq, Lk]
+  }
+  if (!a.key_lengths.empty()) {
+    key_lengths = load_key_lengths(a.key_lengths, unbatched ? 1 : h.shape[0], unbatched);
+    opts.key_lengths = npy::input_view(key_lengths);
+  }
+
+  // ---- Outputs, in memory.
+  npy::Array out = npy::zeros(DType::f32, with_last(h.shape, vals.shape.back()));
+  npy::Array weights;
+  if (!a.weights.empty()) {
+    weights = npy::zeros(DType::f32, scores_shape);
+    opts.weights = as_blx(npy::output_view(weights));
+  }
+  const TensorView hv = as_blx(npy::input_view(h)), sv = as_blx(npy::input_view(s));
+  const OutputView ov = as_blx(npy::output_view(out));
+  const std::unique_ptr<Context> context = make_context(a.threads);
+  if (additive) {
+    additive->forward(hv, sv, ov, opts, context.get());
+  } else {
+    multiplicative->forward(hv, sv, ov, opts, context.get());
+  }
+
+  // ---- Files: OUT last.
+  if (!a.weights.empty()) npy::write(a.weights, weights);
+  npy::write(a.out, out);
+}
+
+void run(const RunArgs& a) {
+  const unsigned kind = a.kind == "additive"         ? kAdditive
+                        : a.kind == "multiplicative" ? kMultiplicative
+                                                     : kSdpa;
+  check_kind_options(a, kind);
+  if (kind == kSdpa) {
+    run_sdpa(a);
+  } else {
+    run_align(a, kind);
+  }
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "run", "Run attention on .npy files: OUT = softmax(scale * Q K^T + mask) V");
-  cmd->add_option("--q", args->q, "Queries [.., Lq, D] (.npy, float32 or float64)")
-      ->required()
+      "run",
+      "Run attention on .npy files: OUT = softmax(scale * Q K^T + mask) V (--kind sdpa), or "
+      "additive (Bahdanau) / multiplicative (Luong) attention of decoder states over encoder "
+      "states");
+  // Registers an option that only some kinds take.
+  const auto only = [&args](CLI::Option* o, unsigned allowed, unsigned required = 0) {
+    args->kind_options.push_back({"--" + o->get_lnames().at(0), o, allowed, required});
+    return o;
+  };
+  const unsigned kAlign = kAdditive | kMultiplicative;
+  cmd->add_option("--kind", args->kind,
+                  "sdpa (default): scaled dot-product attention of Q, K, V; additive: "
+                  "a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)); multiplicative: "
+                  "a_ij = softmax_j(h_i^T W s_j / sqrt(d_dec)). Both give OUT_i = sum_j a_ij s_j")
+      ->check(CLI::IsMember({"sdpa", "additive", "multiplicative"}))
+      ->type_name("sdpa|additive|multiplicative");
+  only(cmd->add_option("--q", args->q, "sdpa: queries [.., Lq, D] (.npy, float32 or float64)"),
+       kSdpa, kSdpa)
       ->type_name("Q.npy");
-  cmd->add_option("--k", args->k, "Keys [.., Lk, D], same rank as Q")
-      ->required()
+  only(cmd->add_option("--k", args->k, "sdpa: keys [.., Lk, D], same rank as Q"), kSdpa, kSdpa)
       ->type_name("K.npy");
-  cmd->add_option("--v", args->v, "Values [.., Lk, Dv], same rank as Q")
-      ->required()
+  only(cmd->add_option("--v", args->v, "sdpa: values [.., Lk, Dv], same rank as Q"), kSdpa, kSdpa)
       ->type_name("V.npy");
+  only(cmd->add_option("--h", args->h,
+                       "additive/multiplicative: decoder states [B, Lq, d_dec] or [Lq, d_dec]"),
+       kAlign, kAlign)
+      ->type_name("H.npy");
+  only(cmd->add_option("--s", args->s,
+                       "additive/multiplicative: encoder states [B, Lk, d_enc] or [Lk, d_enc], "
+                       "same rank as H"),
+       kAlign, kAlign)
+      ->type_name("S.npy");
+  only(cmd->add_option("--values", args->values,
+                       "additive/multiplicative: what is averaged, [B, Lk, dv] (default: S)"),
+       kAlign)
+      ->type_name("VALS.npy");
+  only(cmd->add_option("--w1", args->w1, "additive: W1 [d_dec, A], applied to H"), kAdditive,
+       kAdditive)
+      ->type_name("W1.npy");
+  only(cmd->add_option("--w2", args->w2, "additive: W2 [d_enc, A], applied to S"), kAdditive,
+       kAdditive)
+      ->type_name("W2.npy");
+  only(cmd->add_option("--va", args->va, "additive: the vector v [A]"), kAdditive, kAdditive)
+      ->type_name("V.npy");
+  only(cmd->add_option("--b1", args->b1, "additive: bias b1 [A]"), kAdditive)->type_name("B1.npy");
+  only(cmd->add_option("--b2", args->b2, "additive: bias b2 [A]"), kAdditive)->type_name("B2.npy");
+  only(cmd->add_option("--w", args->w, "multiplicative: W [d_dec, d_enc]"), kMultiplicative,
+       kMultiplicative)
+      ->type_name("W.npy");
+  only(cmd->add_flag("--unscaled", args->unscaled,
+                     "multiplicative: scores h^T W s without the 1/sqrt(d_dec) factor"),
+       kMultiplicative);
   cmd->add_option("--out", args->out,
                   "Output [.., Lq, Dv], float32. Written atomically and only if the run succeeds")
       ->required()
@@ -283,63 +332,60 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "'causal' (query i sees keys j <= i), 'causal-bottom-right' (query i sees keys "
                   "j <= i + Lk - Lq, for KV-cache decoding), or a .npy mask broadcastable (NumPy "
                   "rules) to the scores [.., Lq, Lk]: bool (true = may attend) or float32/float64 "
-                  "(added to the scaled scores, e.g. -inf or -1e9 to block)")
+                  "(added to the scaled scores, e.g. -inf or -1e9 to block). additive and "
+                  "multiplicative take a .npy mask only")
       ->type_name("causal|causal-bottom-right|MASK.npy");
   cmd->add_option("--key-lengths", args->key_lengths,
                   "int32/int64 .npy of shape [B]: in batch b only keys 0..len[b]-1 are attended "
                   "(padded batches). Rank-2 inputs are one batch")
       ->type_name("LEN.npy");
-  auto* scale = cmd->add_option("--scale", args->scale,
-                                "Multiply Q K^T by S (finite, > 0). Default 1/sqrt(D)")
+  auto* scale = only(cmd->add_option("--scale", args->scale,
+                                     "sdpa: multiply Q K^T by S (finite, > 0). Default 1/sqrt(D)"),
+                     kSdpa)
                     ->type_name("S");
-  auto* temperature =
-      cmd->add_option("--temperature", args->temperature,
-                      "Softmax temperature T (finite, > 0): scale = 1/T. Small T approaches argmax")
-          ->type_name("T");
-  auto* no_scale = cmd->add_flag("--no-scale", args->no_scale, "Scale 1: plain softmax(Q K^T)");
+  auto* temperature = only(cmd->add_option("--temperature", args->temperature,
+                                           "sdpa: softmax temperature T (finite, > 0): scale = "
+                                           "1/T. Small T approaches argmax"),
+                           kSdpa)
+                          ->type_name("T");
+  auto* no_scale = only(
+      cmd->add_flag("--no-scale", args->no_scale, "sdpa: scale 1, plain softmax(Q K^T)"), kSdpa);
   scale->excludes(temperature);
   scale->excludes(no_scale);
   temperature->excludes(no_scale);
   args->scale_opt = scale;
   args->temperature_opt = temperature;
-  cmd->add_option("--lse", args->lse,
-                  "Also write the log-sum-exp of each row's scaled, masked scores [.., Lq] "
-                  "(float32; -inf for a fully masked row)")
+  only(cmd->add_option("--lse", args->lse,
+                       "sdpa: also write the log-sum-exp of each row's scaled, masked scores "
+                       "[.., Lq] (float32; -inf for a fully masked row)"),
+       kSdpa)
       ->type_name("LSE.npy");
   cmd->add_option("--weights", args->weights,
-                  "Also write the attention weights softmax(scale * Q K^T + mask) [.., Lq, Lk] "
-                  "(float32)")
+                  "Also write the attention weights (each row sums to 1) [.., Lq, Lk] (float32)")
       ->type_name("W.npy");
-  cmd->add_option("--threads", args->threads,
-                  "Run on exactly N threads (default: all cores). Results do not depend on N")
-      ->check(CLI::Range(1, 1 << 16))
-      ->type_name("N");
-  cmd->add_flag("--reference", args->reference,
-                "Use the slow double-precision reference implementation instead of the fast "
-                "path (float64 inputs are used as is)");
+  add_threads_option(*cmd, args->threads);
+  only(cmd->add_flag("--reference", args->reference,
+                     "sdpa: use the slow double-precision reference implementation instead of "
+                     "the fast path (float64 inputs are used as is)"),
+       kSdpa);
   cmd->footer(
-      "Q, K and V have the same rank: 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]. With rank 4, K and "
-      "V may have fewer heads than Q (grouped-query attention). V's last dimension Dv may differ "
-      "from D. Inputs are float32 or float64; the fast path computes in float32, --reference in "
-      "float64. Outputs are float32 and keep Q's rank.\n"
+      "sdpa: Q, K and V have the same rank: 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]. With rank 4, "
+      "K and V may have fewer heads than Q (grouped-query attention). V's last dimension Dv may "
+      "differ from D. Inputs are float32 or float64; the fast path computes in float32, "
+      "--reference in float64. Outputs are float32 and keep Q's rank.\n"
+      "additive, multiplicative: H and S have rank 3 [B, L, F] or 2 [L, F] (one batch; outputs "
+      "then have no batch axis either). float64 inputs are converted to float32.\n"
+      "Options of one kind given with another are an error.\n"
       "Exit status: 0 on success, 2 on bad input (message on stderr; OUT is not written).\n"
       "Examples:\n"
       "  cpuattn run --q q.npy --k k.npy --v v.npy --out out.npy --mask causal\n"
       "  cpuattn run --q q.npy --k k.npy --v v.npy --out out.npy --mask mask.npy \\\n"
       "      --no-scale --weights w.npy --lse lse.npy --threads 4\n"
+      "  cpuattn run --kind additive --h h.npy --s s.npy --w1 w1.npy --w2 w2.npy --va v.npy \\\n"
+      "      --out ctx.npy --weights a.npy\n"
+      "  cpuattn run --kind multiplicative --h h.npy --s s.npy --w w.npy --out ctx.npy\n"
       "In NumPy: np.save('q.npy', q.astype(np.float32)); out = np.load('out.npy')");
-  cmd->callback([args, &exit_code] {
-    try {
-      run(*args);
-      exit_code = 0;
-    } catch (const std::bad_alloc&) {
-      report("out of memory");
-      exit_code = 2;
-    } catch (const std::exception& e) {  // cpuattn::Error, npy::Error, BadInput
-      report(e.what());
-      exit_code = 2;
-    }
-  });
+  cmd->callback([args, &exit_code] { guarded(exit_code, [&] { run(*args); }); });
 }
 
 }  // namespace cpuattn::cli

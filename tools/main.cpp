@@ -1,4 +1,5 @@
-// cpuattn: command-line front end of the library (run attention on .npy files, benchmark).
+// cpuattn: command-line front end of the library (run attention on .npy files, benchmark,
+// draw attention weights).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -10,14 +11,21 @@ int main(int argc, char** argv) {
       "cpuattn: fast CPU attention, out = softmax(scale * Q K^T + mask) V.\n"
       "Examples:\n"
       "  cpuattn run --q q.npy --k k.npy --v v.npy --out out.npy --mask causal\n"
+      "  cpuattn run --kind additive --h h.npy --s s.npy --w1 w1.npy --w2 w2.npy --va v.npy "
+      "--out c.npy\n"
+      "  cpuattn mha --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --wo wo.npy --heads 4 "
+      "--causal --out out.npy\n"
       "  cpuattn bench --shape P1 --threads 1,2\n"
-      "  cpuattn examples",
+      "  cpuattn examples\n"
+      "  cpuattn heatmap --weights w.npy --out heat.png",
       "cpuattn"};
   app.require_subcommand(1);
   int exit_code = 0;
   cpuattn::cli::add_run_command(app, exit_code);
+  cpuattn::cli::add_mha_command(app, exit_code);
   cpuattn::cli::add_bench_command(app, exit_code);
   cpuattn::cli::add_examples_command(app, exit_code);
+  cpuattn::cli::add_heatmap_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

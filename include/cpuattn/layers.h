@@ -77,6 +77,8 @@ class KvCache {
   void reserve(std::int64_t capacity);
   // Forgets every token; keeps the memory.
   void clear();
+  // Keeps the first `length` tokens (<= length()): rolls back rejected speculative tokens.
+  void truncate(std::int64_t length);
   // Appends n tokens: k f32 [batch, kv_heads, n, head_dim], v [batch, kv_heads, n, value_dim].
   void append(const TensorView& k, const TensorView& v);
   // The cached tokens: [batch, kv_heads, length, head_dim] and [.., value_dim].
