@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
 #include "heatmap.h"
@@ -29,21 +30,6 @@ struct HeatmapArgs {
   CLI::Option* head_opt = nullptr;
   CLI::Option* batch_opt = nullptr;
 };
-
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& message) { throw BadInput(message); }
-
-void report(std::string message) {
-  const std::string prefix = "cpuattn: ";
-  while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  std::fprintf(stderr, "cpuattn: %s\n", message.c_str());
-}
 
 // Checks --head or --batch against the size of its axis.
 std::int64_t pick(const char* option, std::int64_t index, std::int64_t size, const char* axis,
@@ -215,18 +201,7 @@ void add_heatmap_command(CLI::App& app, int& exit_code) {
       "  cpuattn heatmap --weights w.npy --out heat.png --head 3\n"
       "  cpuattn heatmap --weights w.npy --out heat.png --row-labels target.txt \\\n"
       "      --col-labels source.txt        # also writes heat.svg");
-  cmd->callback([args, &exit_code] {
-    try {
-      run(*args);
-      exit_code = 0;
-    } catch (const std::bad_alloc&) {
-      report("out of memory");
-      exit_code = 2;
-    } catch (const std::exception& e) {  // npy::Error, heatmap::Error, BadInput
-      report(e.what());
-      exit_code = 2;
-    }
-  });
+  cmd->callback([args, &exit_code] { guarded(exit_code, [&] { run(*args); }); });
 }
 
 }  // namespace cpuattn::cli

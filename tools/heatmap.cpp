@@ -1,12 +1,9 @@
 // Heatmap rendering: see heatmap.h.
 #include "heatmap.h"
 
-#include <fcntl.h>
 #include <png.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <csetjmp>
@@ -15,6 +12,8 @@
 #include <limits>
 #include <new>
 #include <sstream>
+
+#include "npy.h"
 
 namespace cpuattn::heatmap {
 namespace {
@@ -519,42 +518,10 @@ std::string svg_path_for(const std::string& png_path) {
 }
 
 void write_file(const std::string& path, std::string_view bytes) {
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) fail(path + ": is a directory, not a file name");
-
-  static std::atomic<unsigned> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = dir + "." + base + ".tmp-" + std::to_string(::getpid()) + "-" +
-          std::to_string(counter.fetch_add(1));
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) {
-      fail(path + ": cannot create a temporary file in its directory: " + errno_text(errno));
-    }
-  }
-  if (fd < 0) fail(path + ": cannot create a temporary file in its directory");
-
-  std::string error;
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error = "cannot write: " + errno_text(n < 0 ? errno : EIO);
-      break;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0 && error.empty()) error = "cannot write: " + errno_text(errno);
-  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = "cannot rename the temporary file into place: " + errno_text(errno);
-  }
-  if (!error.empty()) {
-    ::unlink(tmp.c_str());
-    fail(path + ": " + error);
+  try {
+    npy::write_bytes(path, bytes);
+  } catch (const npy::Error& e) {
+    fail(e.what());
   }
 }
 

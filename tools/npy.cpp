@@ -513,6 +513,10 @@ void write(const std::string& path, const Array& array) {
   } catch (const std::bad_alloc&) {
     throw Error(path + ": out of memory");
   }
+  write_bytes(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+void write_bytes(const std::string& path, std::string_view bytes) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);

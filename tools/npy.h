@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -68,6 +69,8 @@ std::vector<unsigned char> serialize(const Array& array, int version = 0);
 // which is then renamed over `path`. On failure the temporary file is removed, `path` is left as
 // it was, and Error is thrown.
 void write(const std::string& path, const Array& array);
+// The same for any bytes (the heatmap's PNG and SVG): temporary file, then rename().
+void write_bytes(const std::string& path, std::string_view bytes);
 
 // ---- Typed helpers -------------------------------------------------------------------------
 
