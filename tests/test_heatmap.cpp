@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "heatmap.h"
 #include "npy.h"
 
@@ -26,6 +27,9 @@
 namespace hm = cpuattn::heatmap;
 namespace npy = cpuattn::npy;
 using cpuattn::DType;
+using cpuattn::cli_test::exists;
+using cpuattn::cli_test::Result;
+using cpuattn::cli_test::slurp;
 
 namespace {
 
@@ -33,18 +37,6 @@ const hm::Rgb kBottom{0x44, 0x01, 0x54};  // viridis(0), #440154
 const hm::Rgb kTop{0xfd, 0xe7, 0x25};     // viridis(1), #fde725
 
 std::string str(hm::Rgb c) { return hm::hex(c); }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 std::size_t count(const std::string& haystack, const std::string& needle) {
   std::size_t n = 0;
@@ -364,25 +356,9 @@ TEST(Paths, SvgPathFor) {
 
 // ---- The command ---------------------------------------------------------------------------
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-class HeatmapCli : public ::testing::Test {
+// The CLI fixture of test_cli (temporary directory, put, run) plus heatmap helpers.
+class HeatmapCli : public cpuattn::cli_test::CliTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "cpuattn_heatmap_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
-
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string put(const std::string& name, const npy::Array& a) const {
-    npy::write(path(name), a);
-    return path(name);
-  }
   void put_text(const std::string& name, const std::string& text) const {
     std::ofstream(path(name), std::ios::binary) << text;
   }
@@ -398,19 +374,6 @@ class HeatmapCli : public ::testing::Test {
     }
     ::closedir(d);
     return names;
-  }
-
-  Result run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_ + "' && '" CPUATTN_CLI_PATH "' " + args + " >'" +
-                            path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(path("stdout.txt"));
-    r.err = slurp(path("stderr.txt"));
-    std::remove(path("stdout.txt").c_str());
-    std::remove(path("stderr.txt").c_str());
-    return r;
   }
 
   // `cpuattn heatmap <args>`, expected to succeed; returns the decoded heat.png.
@@ -445,8 +408,6 @@ class HeatmapCli : public ::testing::Test {
     EXPECT_EQ(listing(), before) << "files were created by: " << args;
     return r.err;
   }
-
-  std::string dir_;
 };
 
 // Weights [B, H, Lq, Lk] where every (b, h) slice differs: row i of slice s has its largest
