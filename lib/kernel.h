@@ -70,6 +70,8 @@ struct KernelInfo {
   // FMA throughput probe for `cpuattn bench`: runs `iters` rounds of independent FMAs and
   // returns the number of flops executed.
   double (*fma_probe)(std::int64_t iters);
+  // The score micro-kernel on L1-resident data, `reps` times; returns the flops executed.
+  double (*tile_probe)(std::int64_t reps);
   // Read-bandwidth probe: sums n floats (n a multiple of 64) with vector loads.
   float (*read_probe)(const float* data, std::size_t n);
   // The unfused three-pass baseline for one (b, h): no masks. For benchmarks.

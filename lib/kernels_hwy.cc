@@ -6,8 +6,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 
 #include "gemm.h"
 #include "kernel.h"
@@ -253,21 +256,57 @@ void Exp2Array(const float* in, float* out, std::size_t n) {
   }
 }
 
-// Independent FMA chains: enough of them (16) to cover the FMA latency on both ports.
+// Independent FMA chains: enough of them to cover the FMA latency (4 cycles) on both ports, few
+// enough that they and the two constants stay in registers (16 of them below AVX-512: with 16
+// chains the AVX2 probe spilled and read 88 GFLOP/s where the score micro-kernel reached 111).
 double FmaProbe(std::int64_t iters) {
   using V = Ops::V;
-  V acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = Ops::Set(1.0f + static_cast<float>(j) * 1e-3f);
+#if HWY_TARGET <= HWY_AVX3
+  constexpr int kChains = 16;
+#else
+  constexpr int kChains = 12;
+#endif
+  V acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = Ops::Set(1.0f + static_cast<float>(j) * 1e-3f);
   const V a = Ops::Set(0.999999f), b = Ops::Set(1e-7f);
   for (std::int64_t it = 0; it < iters; ++it) {
     HWY_UNROLL(16)
-    for (int j = 0; j < 16; ++j) acc[j] = Ops::MulAdd(acc[j], a, b);
+    for (int j = 0; j < kChains; ++j) acc[j] = Ops::MulAdd(acc[j], a, b);
   }
   V sum = acc[0];
-  for (int j = 1; j < 16; ++j) sum = Ops::Add(sum, acc[j]);
+  for (int j = 1; j < kChains; ++j) sum = Ops::Add(sum, acc[j]);
   volatile float sink = Ops::ReduceSum(sum);
   (void)sink;
-  return static_cast<double>(iters) * 16.0 * Ops::kLanes * 2.0;
+  return static_cast<double>(iters) * kChains * Ops::kLanes * 2.0;
+}
+
+// The fused kernel's score micro-kernel on L1-resident operands, as the kernel calls it: D = 64,
+// one packed K panel (8 KiB) against 5 row tiles of a transposed Q block (20 KiB with AVX-512).
+// Nothing misses a cache and nothing else runs, so this is the ceiling of the kernel's arithmetic
+// on this machine, below the register-only FmaProbe because every FMA also waits on loads.
+double TileProbe(std::int64_t reps) {
+  constexpr int N = Ops::kLanes, W = 2 * N, R = Ops::kScoreRows, kTiles = 5;
+  constexpr std::int64_t D = 64, qs = (kTiles * R + 15) / 16 * 16;
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  const std::size_t floats = D * qs + D * W + R * W;
+  std::unique_ptr<float, Free> buf(
+      static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
+  if (!buf) throw std::bad_alloc();
+  float* qp = buf.get();
+  float* kp = qp + D * qs;
+  float* s = kp + D * W;
+  for (std::size_t i = 0; i < D * qs + D * W; ++i)
+    buf.get()[i] = 1e-3f * static_cast<float>(static_cast<int>(i % 13) - 6);
+  const MaskInfo mi{detail::MaskKind::none, 0};
+  for (std::int64_t rep = 0; rep < reps; ++rep) {
+    for (int t = 0; t < kTiles; ++t)
+      ScoreTile<Ops, R, false>(qp + t * R, qs, D, kp, s, W, 0, nullptr, mi);
+  }
+  volatile float sink = s[0];
+  (void)sink;
+  return static_cast<double>(reps) * kTiles * R * W * D * 2.0;
 }
 
 float ReadProbe(const float* data, std::size_t n) {
@@ -304,6 +343,7 @@ const detail::KernelInfo* GetKernels() {
                                        .run_task = &RunTask,
                                        .exp2 = &Exp2Array,
                                        .fma_probe = &FmaProbe,
+                                       .tile_probe = &TileProbe,
                                        .read_probe = &ReadProbe,
                                        .run_unfused_head = &RunUnfusedHead,
                                        .gemm_rows = Ops::kGemmRows,

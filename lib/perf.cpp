@@ -52,22 +52,37 @@ double run_concurrently(int threads, F&& f) {
   return *std::max_element(seconds.begin(), seconds.end());
 }
 
-}  // namespace
-
-double measure_fma_peak_gflops(int threads, const Context* context) {
-  check_threads(threads);
-  const detail::KernelInfo& ki = kernels(context);
+// Best of 5 repetitions of a probe returning the flops it ran, on `threads` threads, in GFLOP/s.
+template <class Probe>
+double best_gflops(int threads, Probe&& probe) {
   double best = 0;
-  // About 30 ms a repetition, best of 5: long enough for the clock to settle at the frequency
-  // AVX-512 FMAs run at, so that % of peak does not depend on what ran before.
   for (int rep = 0; rep < 5; ++rep) {
     std::vector<double> flops(static_cast<std::size_t>(threads), 0.0);
-    const double s = run_concurrently(threads, [&](int t) { flops[t] = ki.fma_probe(6'000'000); });
+    const double s = run_concurrently(threads, [&](int t) { flops[t] = probe(); });
     double total = 0;
     for (double f : flops) total += f;
     best = std::max(best, total / s * 1e-9);
   }
   return best;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(int threads, const Context* context) {
+  check_threads(threads);
+  const detail::KernelInfo& ki = kernels(context);
+  // About 30 ms a repetition: long enough for the clock to settle at the frequency AVX-512 FMAs
+  // run at, so that % of peak does not depend on what ran before.
+  return best_gflops(threads, [&] { return ki.fma_probe(6'000'000); });
+}
+
+double measure_tile_gflops(int threads, const Context* context) {
+  check_threads(threads);
+  const detail::KernelInfo& ki = kernels(context);
+  // About 1.2 GFLOP a repetition (~40 ms with AVX-512 on this machine's cores).
+  const double per_rep = ki.tile_probe(1);
+  return best_gflops(threads,
+                     [&] { return ki.tile_probe(static_cast<std::int64_t>(1.2e9 / per_rep)); });
 }
 
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {

@@ -227,11 +227,12 @@ int run_bench(const Options& o) {
   const bool any_memory =
       std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.memory_bound; });
 
-  std::map<int, double> peak, bw;
+  std::map<int, double> peak, tile, bw;
   for (int t : o.threads) {
     Context probe_ctx(t);
     probe_ctx.set_max_target(cap);
     peak[t] = measure_fma_peak_gflops(t, &probe_ctx);
+    tile[t] = measure_tile_gflops(t, &probe_ctx);
     if (any_memory) bw[t] = measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx);
   }
   if (!o.json) {
@@ -240,7 +241,10 @@ int run_bench(const Options& o) {
     std::printf("cpuattn bench: target %s, median of %d runs\n",
                 target_name(active_target(&capped)), o.repeat);
     for (int t : o.threads) {
-      std::printf("machine peak, %d thread%s: %.0f GFLOP/s FMA", t, t > 1 ? "s" : "", peak[t]);
+      std::printf(
+          "machine peak, %d thread%s: %.0f GFLOP/s FMA (score micro-kernel on L1 data: %.0f, "
+          "%.0f%%)",
+          t, t > 1 ? "s" : "", peak[t], tile[t], 100.0 * tile[t] / peak[t]);
       if (any_memory) std::printf(", %.1f GB/s read", bw[t]);
       std::printf("\n");
     }
@@ -271,7 +275,7 @@ int run_bench(const Options& o) {
                             {"threads", t},     {"target", target_name(active_target(&ctx))},
                             {"median_ms", med}, {"gflops", gflops},
                             {"gbps", gbps},     {"peak_gflops", peak[t]},
-                            {"pct_peak", pct}};
+                            {"pct_peak", pct},  {"tile_gflops", tile[t]}};
         if (any_memory) {
           j["read_gbps"] = bw[t];
           j["pct_bw"] = 100.0 * gbps / bw[t];
