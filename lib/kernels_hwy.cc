@@ -222,16 +222,22 @@ void AdditiveTask(const detail::AdditiveProblem& a, std::int64_t t, detail::Scra
   AdditiveTaskImpl<Ops>(a, t, scratch);
 }
 
-void TanhArray(const float* in, float* out, std::size_t n) {
+// out[i] = f(in[i]) for a vector function f; the tail goes through a zero-padded vector.
+template <class F>
+void MapArray(const float* in, float* out, std::size_t n, F f) {
   constexpr std::size_t N = Ops::kLanes;
   std::size_t i = 0;
-  for (; i + N <= n; i += N) Ops::StoreU(Ops::Tanh(Ops::LoadU(in + i)), out + i);
+  for (; i + N <= n; i += N) Ops::StoreU(f(Ops::LoadU(in + i)), out + i);
   if (i < n) {
     alignas(64) float buf[N] = {};
     std::copy(in + i, in + n, buf);
-    Ops::Store(Ops::Tanh(Ops::Load(buf)), buf);
+    Ops::Store(f(Ops::Load(buf)), buf);
     std::copy(buf, buf + (n - i), out + i);
   }
+}
+
+void TanhArray(const float* in, float* out, std::size_t n) {
+  MapArray(in, out, n, [](Ops::V x) { return Ops::Tanh(x); });
 }
 
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
@@ -245,15 +251,7 @@ void RunUnfusedHead(const detail::Problem& p, std::int64_t b, std::int64_t h,
 }
 
 void Exp2Array(const float* in, float* out, std::size_t n) {
-  constexpr std::size_t N = Ops::kLanes;
-  std::size_t i = 0;
-  for (; i + N <= n; i += N) Ops::StoreU(Ops::Exp2(Ops::LoadU(in + i)), out + i);
-  if (i < n) {
-    alignas(64) float buf[N] = {};
-    std::copy(in + i, in + n, buf);
-    Ops::Store(Ops::Exp2(Ops::Load(buf)), buf);
-    std::copy(buf, buf + (n - i), out + i);
-  }
+  MapArray(in, out, n, [](Ops::V x) { return Ops::Exp2(x); });
 }
 
 // Independent FMA chains: enough of them to cover the FMA latency (4 cycles) on both ports, few

@@ -657,33 +657,27 @@ TEST(Validate, PositionsBeyond2To53) {
   }
 }
 
+// Every entry rejects `bad` as its base (opts.base for RoPE) with a message saying `why`.
+void expect_base_rejected(double bad, const std::string& why) {
+  expect_error(
+      kAll,
+      [&](Entry, Call& c) {
+        c.base = bad;
+        c.opts.base = bad;
+      },
+      [&](Entry e) {
+        return std::vector<std::string>{e == Entry::rope ? "opts.base" : "base", why};
+      });
+}
+
 TEST(Validate, BaseNotFinite) {
   for (double bad :
-       {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
-    expect_error(
-        kAll,
-        [&](Entry, Call& c) {
-          c.base = bad;
-          c.opts.base = bad;
-        },
-        [](Entry e) {
-          return std::vector<std::string>{e == Entry::rope ? "opts.base" : "base", "finite"};
-        });
-  }
+       {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
+    expect_base_rejected(bad, "finite");
 }
 
 TEST(Validate, BaseNotAboveOne) {
-  for (double bad : {1.0, 0.5, 0.0, -10000.0}) {
-    expect_error(
-        kAll,
-        [&](Entry, Call& c) {
-          c.base = bad;
-          c.opts.base = bad;
-        },
-        [](Entry e) {
-          return std::vector<std::string>{e == Entry::rope ? "opts.base" : "base", "> 1"};
-        });
-  }
+  for (double bad : {1.0, 0.5, 0.0, -10000.0}) expect_base_rejected(bad, "> 1");
 }
 
 TEST(Validate, RotaryDimOdd) {

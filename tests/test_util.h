@@ -116,4 +116,15 @@ inline ::testing::AssertionResult all_close(const float* got, const float* want,
   return ::testing::AssertionSuccess();
 }
 
+// f() must throw cpuattn::Error whose message contains `needle`.
+template <class F>
+void expect_error_mentioning(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace cpuattn::test
