@@ -301,7 +301,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "bench",
       "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA peak\n"
-      "(GB/s of K+V and % of read bandwidth for decode), both measured at start.\n"
+      "(GB/s of K+V and % of read bandwidth for decode), both measured at start, next to the\n"
+      "score micro-kernel alone on L1 data (the ceiling of the kernel's arithmetic).\n"
       "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
       "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128.\n"
       "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
