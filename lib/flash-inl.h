@@ -402,6 +402,7 @@ inline constexpr int kStreamRows = 8;
 template <class O>
 void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                  detail::Scratch& scratch) {
+  constexpr int N = O::kLanes;
   constexpr int W = Geometry<O>::W;
   constexpr int CW = Geometry<O>::CW;
   const Geometry<O> g(p, O::kBlockKeys);
@@ -603,13 +604,22 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
       const bool empty = m[r] == neg_inf;
       const float inv = empty ? 0.0f : 1.0f / l[r];
-      for (std::int64_t d = 0; d < g.Dv; ++d) dst[d] = arow[d] * inv;
+      if (pl.stream_out && g.Dv == g.DvP &&
+          reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
+        const typename O::V vinv = O::Set(inv);
+        for (std::int64_t d = 0; d < g.Dv; d += N)
+          O::Stream(O::Mul(O::Load(arow + d), vinv), dst + d);
+      } else {
+        for (std::int64_t d = 0; d < g.Dv; ++d) dst[d] = arow[d] * inv;
+      }
       if (p.lse != nullptr) {
         static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] =
             empty ? neg_inf : (m[r] + std::log2(l[r])) * 0.6931471805599453f;
       }
     }
   }
+  // Non-temporal stores are weakly ordered: complete them before the task reports done.
+  if (pl.stream_out) O::StreamFence();
 }
 
 // The unfused baseline the benchmarks compare against: three passes over a materialized

@@ -52,6 +52,9 @@ struct Plan {
   // unnormalized and m in log2 units; indexed [unit][split][row], unit = one q block.
   float* partials = nullptr;
   std::int64_t partial_row_floats = 0;  // Dv + 2
+
+  // Write the output rows with non-temporal stores (where a row is whole aligned vectors).
+  bool stream_out = false;
 };
 
 struct GemmProblem;

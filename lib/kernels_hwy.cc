@@ -64,6 +64,13 @@ struct Ops {
   static HWY_INLINE V LoadU(const float* p) { return hn::LoadU(D(), p); }
   static HWY_INLINE void Store(V v, float* p) { hn::Store(v, D(), p); }
   static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(v, D(), p); }
+  // Non-temporal store to a vector-aligned address; StreamFence orders them before later stores.
+  static HWY_INLINE void Stream(V v, float* p) { hn::Stream(v, D(), p); }
+  static HWY_INLINE void StreamFence() {
+#if HWY_ARCH_X86
+    _mm_sfence();
+#endif
+  }
   static HWY_INLINE V MulAdd(V a, V b, V c) { return hn::MulAdd(a, b, c); }
   static HWY_INLINE V Mul(V a, V b) { return hn::Mul(a, b); }
   static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }

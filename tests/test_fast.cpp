@@ -56,10 +56,12 @@ struct Case {
   int misalign = 0;
   MaskCase mask = MaskCase::none;
   bool lse = true;
+  bool out_aligned64 = false;  // the output (only) starts on a 64-byte boundary
   std::string str() const {
     std::ostringstream s;
     s << "B" << B << " H" << H << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " D" << D << " Dv"
-      << Dv << (blhd ? " blhd" : " bhld") << " misalign" << misalign << " mask " << mask_name(mask);
+      << Dv << (blhd ? " blhd" : " bhld") << " misalign" << misalign << " mask " << mask_name(mask)
+      << (out_aligned64 ? " out aligned 64" : "");
     return s.str();
   }
 };
@@ -141,7 +143,13 @@ struct Inputs {
 void check_case(const Case& c, Target target, int threads = 0) {
   SCOPED_TRACE(c.str() + " target " + target_name(target));
   Inputs in(c);
-  Tensor4 out(c.B, c.H, c.Lq, c.Dv, c.blhd, c.misalign), want(c.B, c.H, c.Lq, c.Dv);
+  Tensor4 out(c.B, c.H, c.Lq, c.Dv, c.blhd, c.out_aligned64 ? 15 : c.misalign),
+      want(c.B, c.H, c.Lq, c.Dv);
+  if (c.out_aligned64) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(out.buf.data());
+    out.misalign = static_cast<int>((64 - addr % 64) % 64 / sizeof(float));
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(out.data()) % 64, 0u);
+  }
   std::vector<float> lse(c.B * c.H * c.Lq), want_lse(c.B * c.H * c.Lq);
   AttentionOptions fast_opts = in.opts, ref_opts = in.opts;
   if (c.lse) {
@@ -262,6 +270,28 @@ TEST_P(FastPath, LargeGroupsAndDecodeSplits) {
     d.mask = m;
     check_case(d, GetParam());
   }
+}
+
+// Outputs above 8 MiB whose rows are whole aligned vectors are written with non-temporal
+// stores; unaligned or ragged rows of such outputs are written plainly. Both layouts.
+TEST_P(FastPath, LargeOutputs) {
+  Case c;
+  c.B = 1;
+  c.H = 16;
+  c.Lq = 2100;  // 16 x 2100 x 64 x 4 B = 8.6 MB
+  c.Lk = 9;
+  c.D = c.Dv = 64;
+  for (bool blhd : {false, true}) {
+    c.blhd = blhd;
+    for (bool aligned : {true, false}) {
+      c.out_aligned64 = aligned;
+      c.mask = aligned ? MaskCase::causal_br : MaskCase::none;  // rows that see no key give 0
+      check_case(c, GetParam());
+    }
+  }
+  c.Dv = 65;  // rows are not whole vectors
+  c.out_aligned64 = true;
+  check_case(c, GetParam());
 }
 
 TEST_P(FastPath, NanAndInfOnlyAffectTheirRows) {

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -88,8 +90,29 @@ Shape parse_shape(const std::string& text, bool causal) {
   return s;
 }
 
+// Attention inputs and outputs are 64-byte aligned, as frameworks allocate tensors (PyTorch's
+// CPU allocator aligns to 64): std::vector's 16-byte alignment would keep the kernel off its
+// aligned paths (the non-temporal output stores).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  explicit Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  bool operator==(const Aligned64&) const { return true; }
+  bool operator!=(const Aligned64&) const { return false; }
+};
+using AlignedFloats = std::vector<float, Aligned64<float>>;
+
 // Deterministic, cheap fill (a hash of the index): random enough for timing, never zeros.
-void fill(std::vector<float>& x, std::uint32_t seed) {
+template <class Vec>
+void fill(Vec& x, std::uint32_t seed) {
   for (std::size_t i = 0; i < x.size(); ++i) {
     std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u + seed * 40503u;
     h ^= h >> 15;
@@ -119,7 +142,7 @@ struct Case {
 
 Case attention_case(const Shape& s) {
   struct Data {
-    std::vector<float> q, k, v, out;
+    AlignedFloats q, k, v, out;
   };
   auto d = std::make_shared<Data>();
   d->q.resize(s.B * s.H * s.Lq * s.D);
