@@ -461,9 +461,11 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
     } else {
       PackQTransposed<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
     }
+    // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
+    // instead of a horizontal sum per row and block.
     for (int r = 0; r < rows; ++r) {
       m[r] = neg_inf;
-      l[r] = 0.0f;
+      O::Store(O::Zero(), l + r * N);
     }
     std::fill(acc, acc + rows * g.DvP, 0.0f);
     // Causal and key-length limits: rows see keys [0, end(i)), end non-decreasing in i.
@@ -499,16 +501,20 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       const std::int64_t clean = p.mask_kind != detail::MaskKind::none
                                      ? 0
                                      : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
-      for (int r = 0; r < rows; ++r) {
-        const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
-        rm[r].end = static_cast<std::int32_t>(
+      // Row r is (position pos0 + r / nh, head h0 + r % nh); nested loops avoid a 64-bit
+      // division per row and block.
+      for (std::int64_t i = pos0, r = 0; i < pos1; ++i) {
+        const auto end = static_cast<std::int32_t>(
             std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
-        rm[r].mask =
-            p.mask_kind == detail::MaskKind::none
-                ? nullptr
-                : static_cast<const char*>(p.mask.data) +
-                      (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + kb0 * p.mask.s[3]) *
-                          static_cast<std::int64_t>(dtype_size(p.mask.dtype));
+        for (std::int64_t h = h0; h < h0 + nh; ++h, ++r) {
+          rm[r].end = end;
+          rm[r].mask =
+              p.mask_kind == detail::MaskKind::none
+                  ? nullptr
+                  : static_cast<const char*>(p.mask.data) +
+                        (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + kb0 * p.mask.s[3]) *
+                            static_cast<std::int64_t>(dtype_size(p.mask.dtype));
+        }
       }
 
       // 1. Scores, masked in the micro-kernel epilogue where needed.
@@ -535,27 +541,34 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       }
 
       // 2. Online softmax: rescale the accumulator only when a row's max grows.
+      // ncols is a whole number of panels (2 vectors): two accumulators per pass halve the
+      // dependency chains.
       for (int r = 0; r < rows; ++r) {
         float* srow = s + r * g.Nk;
-        typename O::V vmax = O::Set(neg_inf);
-        for (std::int64_t c = 0; c < ncols; c += O::kLanes) vmax = O::Max(vmax, O::Load(srow + c));
-        const float block_max = O::ReduceMax(vmax);
+        float* lrow = l + r * N;
+        typename O::V vmax0 = O::Set(neg_inf), vmax1 = vmax0;
+        for (std::int64_t c = 0; c < ncols; c += 2 * N) {
+          vmax0 = O::Max(vmax0, O::Load(srow + c));
+          vmax1 = O::Max(vmax1, O::Load(srow + c + N));
+        }
+        const float block_max = O::ReduceMax(O::Max(vmax0, vmax1));
         // A NaN score poisons its row (as in the reference); std::max would drop it.
         const float m_new = (block_max > m[r] || std::isnan(block_max)) ? block_max : m[r];
         if (m_new == neg_inf) {
           // Nothing visible yet, unless the vector max dropped a NaN (x86 max returns its
           // second operand when either is NaN): then the row is poisoned, as in the reference.
           if (std::any_of(srow, srow + ncols, [](float x) { return std::isnan(x); })) {
-            m[r] = l[r] = std::numeric_limits<float>::quiet_NaN();
+            m[r] = std::numeric_limits<float>::quiet_NaN();
+            O::Store(O::Set(m[r]), lrow);
           }
           std::fill(srow, srow + ncols, 0.0f);
           continue;
         }
         if (!(m_new == m[r])) {
-          const float alpha = O::Exp2Scalar(m[r] - m_new);
-          if (l[r] != 0.0f) {
-            l[r] *= alpha;
-            const typename O::V va = O::Set(alpha);
+          // Nothing accumulated while m was -inf; otherwise rescale l and Acc.
+          if (m[r] != neg_inf) {
+            const typename O::V va = O::Exp2(O::Set(m[r] - m_new));
+            O::Store(O::Mul(O::Load(lrow), va), lrow);
             float* arow = acc + r * g.DvP;
             for (std::int64_t c = 0; c < g.DvP; c += O::kLanes)
               O::Store(O::Mul(O::Load(arow + c), va), arow + c);
@@ -563,13 +576,16 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
           m[r] = m_new;
         }
         const typename O::V vm = O::Set(m[r]);
-        typename O::V vsum = O::Zero();
-        for (std::int64_t c = 0; c < ncols; c += O::kLanes) {
-          const typename O::V e = O::Exp2(O::Sub(O::Load(srow + c), vm));
-          O::Store(e, srow + c);
-          vsum = O::Add(vsum, e);
+        typename O::V vsum0 = O::Zero(), vsum1 = O::Zero();
+        for (std::int64_t c = 0; c < ncols; c += 2 * N) {
+          const typename O::V e0 = O::Exp2(O::Sub(O::Load(srow + c), vm));
+          const typename O::V e1 = O::Exp2(O::Sub(O::Load(srow + c + N), vm));
+          O::Store(e0, srow + c);
+          O::Store(e1, srow + c + N);
+          vsum0 = O::Add(vsum0, e0);
+          vsum1 = O::Add(vsum1, e1);
         }
-        l[r] += O::ReduceSum(vsum);
+        O::Store(O::Add(O::Load(lrow), O::Add(vsum0, vsum1)), lrow);
       }
 
       // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
@@ -594,16 +610,17 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
     for (int r = 0; r < rows; ++r) {
       const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
       const float* arow = acc + r * g.DvP;
+      const float lr = O::ReduceSum(O::Load(l + r * N));
       if (pl.k_splits > 1) {
         float* dst = detail::partial_row(p, pl, b, h, i, ks);
         dst[0] = m[r];
-        dst[1] = l[r];
+        dst[1] = lr;
         std::copy(arow, arow + g.Dv, dst + 2);
         continue;
       }
       float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
       const bool empty = m[r] == neg_inf;
-      const float inv = empty ? 0.0f : 1.0f / l[r];
+      const float inv = empty ? 0.0f : 1.0f / lr;
       if (pl.stream_out && g.Dv == g.DvP &&
           reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
         const typename O::V vinv = O::Set(inv);
@@ -614,7 +631,7 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       }
       if (p.lse != nullptr) {
         static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] =
-            empty ? neg_inf : (m[r] + std::log2(l[r])) * 0.6931471805599453f;
+            empty ? neg_inf : (m[r] + std::log2(lr)) * 0.6931471805599453f;
       }
     }
   }
