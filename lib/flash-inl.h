@@ -8,7 +8,8 @@
 // Layout of one task's work (all f32):
 //   Qp  [rows][D]           query rows of one block, pre-multiplied by scale * log2(e) so that
 //                           the softmax runs in base 2 (exp2 is cheaper than exp).
-//   Kp  [panels][D][W]      a K block transposed into panels of W = 2 vectors of keys, so the
+//   Kp  [panels][D][W]      a K block transposed into panels of W = kScoreCols vectors of keys, so
+//   the
 //                           score micro-kernel streams W contiguous keys per d.
 //   Vp  [chunks][nk][CW]    a V block split into column chunks of CW = kPvCols vectors, so the
 //                           P V micro-kernel streams one contiguous chunk per key.
@@ -68,36 +69,40 @@ HWY_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, const 
   return O::KeepBelow(s, col0, rm.end);
 }
 
-// Scores of R rows x W = 2 vectors of keys: S[r][0:W] = Qp[r] . Kp panel. R * 2 accumulators stay
-// in registers for the whole D loop; each d costs 2 loads, R broadcasts and 2R FMAs.
+// Scores of R rows x W = C vectors of keys (C = O::kScoreCols): S[r][0:W] = Qp[r] . Kp panel.
+// R * C accumulators stay in registers for the whole D loop; each d costs C loads, R broadcasts
+// and R * C FMAs.
 template <class O, int R, bool kMasked>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, std::int64_t qs, std::int64_t D,
                           const float* HWY_RESTRICT kp, float* HWY_RESTRICT s,
                           std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
                           const MaskInfo& mi) {
   using V = typename O::V;
-  constexpr int N = O::kLanes;
-  V acc0[R], acc1[R];
+  constexpr int N = O::kLanes, C = O::kScoreCols;
+  V acc[R][C];
   HWY_UNROLL(16)
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = O::Zero();
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
+  }
   for (std::int64_t d = 0; d < D; ++d) {
-    const V b0 = O::Load(kp + d * 2 * N);
-    const V b1 = O::Load(kp + d * 2 * N + N);
+    V b[C];
+    HWY_UNROLL(4)
+    for (int c = 0; c < C; ++c) b[c] = O::Load(kp + (d * C + c) * N);
     HWY_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       const V a = O::Set(q[d * qs + r]);
-      acc0[r] = O::MulAdd(a, b0, acc0[r]);
-      acc1[r] = O::MulAdd(a, b1, acc1[r]);
+      HWY_UNROLL(4)
+      for (int c = 0; c < C; ++c) acc[r][c] = O::MulAdd(a, b[c], acc[r][c]);
     }
   }
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    if constexpr (kMasked) {
-      acc0[r] = ApplyRowMask<O>(acc0[r], col0, rows[r], mi);
-      acc1[r] = ApplyRowMask<O>(acc1[r], col0 + N, rows[r], mi);
+    HWY_UNROLL(4)
+    for (int c = 0; c < C; ++c) {
+      if constexpr (kMasked) acc[r][c] = ApplyRowMask<O>(acc[r][c], col0 + c * N, rows[r], mi);
+      O::Store(acc[r][c], s + r * s_stride + c * N);
     }
-    O::Store(acc0[r], s + r * s_stride);
-    O::Store(acc1[r], s + r * s_stride + N);
   }
 }
 
@@ -209,8 +214,8 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const float* vp
 template <class O>
 struct Geometry {
   static constexpr int N = O::kLanes;
-  static constexpr int W = 2 * N;            // keys per score panel
-  static constexpr int CW = O::kPvCols * N;  // values per P V chunk
+  static constexpr int W = O::kScoreCols * N;  // keys per score panel
+  static constexpr int CW = O::kPvCols * N;    // values per P V chunk
   std::int64_t D, Dv, DvP, Nk;
   std::int64_t k_block_floats() const { return Nk * D; }    // Kp of one block
   std::int64_t v_block_floats() const { return Nk * DvP; }  // Vp of one block
@@ -266,8 +271,8 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
   // dims past D are never stored.
   for (std::int64_t pi = 0; pi < panels; ++pi) {
     float* dst = kp + pi * g.D * W;
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t w0 = pi * W + half * N;  // first key of this square, within the block
+    for (int part = 0; part < O::kScoreCols; ++part) {
+      const std::int64_t w0 = pi * W + part * N;  // first key of this square, within the block
       const std::int64_t keys = std::clamp<std::int64_t>(nk - w0, 0, N);
       for (std::int64_t d0 = 0; d0 < g.D; d0 += N) {
         const std::int64_t dims = std::min<std::int64_t>(N, g.D - d0);
@@ -285,7 +290,7 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
           }
         }
         O::Transpose(r);
-        for (std::int64_t d = 0; d < dims; ++d) O::Store(r[d], dst + (d0 + d) * W + half * N);
+        for (std::int64_t d = 0; d < dims; ++d) O::Store(r[d], dst + (d0 + d) * W + part * N);
       }
     }
   }
@@ -541,8 +546,9 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       }
 
       // 2. Online softmax: rescale the accumulator only when a row's max grows.
-      // ncols is a whole number of panels (2 vectors): two accumulators per pass halve the
-      // dependency chains.
+      // ncols is a whole number of panels, an even number of vectors: two accumulators per
+      // pass halve the dependency chains.
+      static_assert(O::kScoreCols % 2 == 0, "the passes below take vectors in pairs");
       for (int r = 0; r < rows; ++r) {
         float* srow = s + r * g.Nk;
         float* lrow = l + r * N;
