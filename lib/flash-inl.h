@@ -8,9 +8,8 @@
 // Layout of one task's work (all f32):
 //   Qp  [rows][D]           query rows of one block, pre-multiplied by scale * log2(e) so that
 //                           the softmax runs in base 2 (exp2 is cheaper than exp).
-//   Kp  [panels][D][W]      a K block transposed into panels of W = kScoreCols vectors of keys, so
-//   the
-//                           score micro-kernel streams W contiguous keys per d.
+//   Kp  [panels][D][W]      a K block transposed into panels of W = kScoreCols vectors of
+//                           keys, so the score micro-kernel streams W contiguous keys per d.
 //   Vp  [chunks][nk][CW]    a V block split into column chunks of CW = kPvCols vectors, so the
 //                           P V micro-kernel streams one contiguous chunk per key.
 //   S   [rows][Nk]          the scores of one (Q block, K block) pair, then the probabilities.
