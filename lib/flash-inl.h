@@ -84,17 +84,7 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, std::int64_t qs, std::int
     HWY_UNROLL(4)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
   }
-  for (std::int64_t d = 0; d < D; ++d) {
-    V b[C];
-    HWY_UNROLL(4)
-    for (int c = 0; c < C; ++c) b[c] = O::Load(kp + (d * C + c) * N);
-    HWY_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V a = O::Set(q[d * qs + r]);
-      HWY_UNROLL(4)
-      for (int c = 0; c < C; ++c) acc[r][c] = O::MulAdd(a, b[c], acc[r][c]);
-    }
-  }
+  AccumulateOuter<O, R, C>(q, qs, kp, C * N, D, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)

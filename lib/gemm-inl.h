@@ -39,17 +39,7 @@ HWY_INLINE void GemmTile(const float* HWY_RESTRICT ap, const float* HWY_RESTRICT
       acc[r][j] = load_c ? O::LoadU(c[r] + j * N) : bias ? O::Load(bias + j * N) : O::Zero();
     }
   }
-  for (std::int64_t k = 0; k < kc; ++k) {
-    V b[C];
-    HWY_UNROLL(32)
-    for (int j = 0; j < C; ++j) b[j] = O::Load(bp + k * detail::PackedMatrix::kPanel + j * N);
-    HWY_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V a = O::Set(ap[k * MR + r]);
-      HWY_UNROLL(32)
-      for (int j = 0; j < C; ++j) acc[r][j] = O::MulAdd(a, b[j], acc[r][j]);
-    }
-  }
+  AccumulateOuter<O, R, C>(ap, MR, bp, detail::PackedMatrix::kPanel, kc, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(32)

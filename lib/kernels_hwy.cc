@@ -219,9 +219,13 @@ struct Ops {
   }
 };
 
+// outer-inl.h first: flash-inl.h and gemm-inl.h use its micro-kernel loop.
+// clang-format off
+#include "outer-inl.h"
 #include "flash-inl.h"
 #include "gemm-inl.h"
 #include "layers-inl.h"
+// clang-format on
 
 void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scratch) {
   GemmTaskImpl<Ops>(g, t, scratch);
