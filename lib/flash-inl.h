@@ -84,7 +84,7 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, std::int64_t qs, std::int
     HWY_UNROLL(4)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
   }
-  AccumulateOuter<O, R, C>(q, qs, kp, C * N, D, acc);
+  AccumulateOuter<O, R, C>(q, qs, 1, kp, C * N, D, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)
@@ -137,17 +137,7 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT p, std::int64_t p_stride,
     HWY_UNROLL(16)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Load(acc_out + r * acc_stride + c * N);
   }
-  for (std::int64_t k = 0; k < nk; ++k) {
-    V vv[C];
-    HWY_UNROLL(16)
-    for (int c = 0; c < C; ++c) vv[c] = O::LoadU(vp + k * cw + c * N);
-    HWY_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V a = O::Set(p[r * p_stride + k]);
-      HWY_UNROLL(16)
-      for (int c = 0; c < C; ++c) acc[r][c] = O::MulAdd(a, vv[c], acc[r][c]);
-    }
-  }
+  AccumulateOuter<O, R, C>(p, 1, p_stride, vp, cw, nk, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(16)

@@ -39,7 +39,7 @@ HWY_INLINE void GemmTile(const float* HWY_RESTRICT ap, const float* HWY_RESTRICT
       acc[r][j] = load_c ? O::LoadU(c[r] + j * N) : bias ? O::Load(bias + j * N) : O::Zero();
     }
   }
-  AccumulateOuter<O, R, C>(ap, MR, bp, detail::PackedMatrix::kPanel, kc, acc);
+  AccumulateOuter<O, R, C>(ap, MR, 1, bp, detail::PackedMatrix::kPanel, kc, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(32)
