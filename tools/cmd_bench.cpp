@@ -312,32 +312,30 @@ int run_bench(const Options& o) {
   }
 
   for (const Row& row : rows) {
-    {
-      const Case& c = *row.c;
-      const int t = row.threads;
-      const double med = row.median_ms;
-      const double gflops = c.flops / (med * 1e-3) * 1e-9;
-      const double gbps = c.bytes / (med * 1e-3) * 1e-9;
-      const double pct = 100.0 * gflops / peak[t];
-      if (o.json) {
-        nlohmann::json j = {{"shape", c.name},       {"dims", c.dims},         {"threads", t},
-                            {"target", row.target},  {"median_ms", med},       {"gflops", gflops},
-                            {"gbps", gbps},          {"peak_gflops", peak[t]}, {"pct_peak", pct},
-                            {"tile_gflops", tile[t]}};
-        if (any_memory) {
-          j["read_gbps"] = bw[t];
-          j["pct_bw"] = 100.0 * gbps / bw[t];
-        }
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf("%-5s %-34s %7d %10.3f %9.1f %6.1f%% %8.1f",
-                    c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), t, med, gflops, pct,
-                    gbps);
-        if (c.memory_bound && bw.count(t)) std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
-        std::printf("\n");
+    const Case& c = *row.c;
+    const int t = row.threads;
+    const double med = row.median_ms;
+    const double gflops = c.flops / (med * 1e-3) * 1e-9;
+    const double gbps = c.bytes / (med * 1e-3) * 1e-9;
+    const double pct = 100.0 * gflops / peak[t];
+    if (o.json) {
+      nlohmann::json j = {{"shape", c.name},       {"dims", c.dims},         {"threads", t},
+                          {"target", row.target},  {"median_ms", med},       {"gflops", gflops},
+                          {"gbps", gbps},          {"peak_gflops", peak[t]}, {"pct_peak", pct},
+                          {"tile_gflops", tile[t]}};
+      if (any_memory) {
+        j["read_gbps"] = bw[t];
+        j["pct_bw"] = 100.0 * gbps / bw[t];
       }
-      std::fflush(stdout);
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-5s %-34s %7d %10.3f %9.1f %6.1f%% %8.1f",
+                  c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), t, med, gflops, pct,
+                  gbps);
+      if (c.memory_bound && bw.count(t)) std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
+      std::printf("\n");
     }
+    std::fflush(stdout);
   }
   return 0;
 }
