@@ -6,8 +6,9 @@
 // convention requires: the body is compiled once per target inside that target's namespace.
 //
 // Layout of one task's work (all f32):
-//   Qp  [rows][D]           query rows of one block, pre-multiplied by scale * log2(e) so that
-//                           the softmax runs in base 2 (exp2 is cheaper than exp).
+//   Qp  [rows][DP]          query rows of one block, DP = D rounded up to a vector, pre-multiplied
+//                           by scale * log2(e) so that the softmax runs in base 2 (exp2 is
+//                           cheaper than exp).
 //   Kp  [panels][D][W]      a K block transposed into panels of W = kScoreCols vectors of
 //                           keys, so the score micro-kernel streams W contiguous keys per d.
 //   Vp  [chunks][nk][CW]    a V block split into column chunks of CW = kPvCols vectors, so the
@@ -84,7 +85,7 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, std::int64_t qs, std::int
     HWY_UNROLL(4)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
   }
-  AccumulateOuter<O, R, C>(q, qs, 1, kp, C * N, D, acc);
+  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * N, D, acc);
   HWY_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)
@@ -343,36 +344,27 @@ inline void MaskScoreRow(float* HWY_RESTRICT srow, std::int64_t ncols, const Row
   }
 }
 
-// Packs the block's query rows transposed, Qp[d][row] (row stride qs), scaled by scale * log2(e):
-// the score micro-kernel then broadcasts R consecutive floats per d from one pointer, instead of
-// keeping R row pointers live (12 of them spill out of the 16 general registers).
+// Copies the block's query rows, Qp[row][0:D] (row stride qs, zero-padded to it), scaled by
+// scale * log2(e) so that the softmax runs in base 2. Row-major, not transposed: the score
+// micro-kernel broadcasts one float per row and d from R row pointers (6 with AVX-512, which fit
+// the general registers), and the copy is then a load, a multiply and a store per vector. (The
+// transposed layout it replaces cost 6% of a cache-resident S1 in its 16 x 16 transposes.)
 template <class O>
-void PackQTransposed(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
-                     std::int64_t pos0, int rows, float qscale, std::int64_t qs,
-                     float* HWY_RESTRICT qp) {
+void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+           std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* HWY_RESTRICT qp) {
   constexpr int N = O::kLanes;
   const typename O::V vscale = O::Set(qscale);
-  for (int r0 = 0; r0 < rows; r0 += N) {
-    const float* src[N];
-    for (int i = 0; i < N; ++i) {
-      const int r = std::min(r0 + i, rows - 1);  // rows past the end repeat the last; unused
-      src[i] = static_cast<const float*>(p.q.data) + b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] +
-               (pos0 + r / nh) * p.q.s[2];
-    }
-    for (std::int64_t d0 = 0; d0 < p.D; d0 += N) {
-      const std::int64_t dims = std::min<std::int64_t>(N, p.D - d0);
-      typename O::V v[N];
-      for (int i = 0; i < N; ++i) {
-        if (dims == N) {
-          v[i] = O::Mul(O::LoadU(src[i] + d0), vscale);
-        } else {
-          alignas(64) float tmp[N] = {};
-          std::copy(src[i] + d0, src[i] + d0 + dims, tmp);
-          v[i] = O::Mul(O::Load(tmp), vscale);
-        }
-      }
-      O::Transpose(v);
-      for (std::int64_t d = 0; d < dims; ++d) O::Store(v[d], qp + (d0 + d) * qs + r0);
+  const std::int64_t dv = p.D / N * N;
+  for (int r = 0; r < rows; ++r) {
+    const float* src = static_cast<const float*>(p.q.data) + b * p.q.s[0] +
+                       (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2];
+    float* dst = qp + r * qs;
+    for (std::int64_t d = 0; d < dv; d += N) O::Store(O::Mul(O::LoadU(src + d), vscale), dst + d);
+    if (dv < qs) {
+      alignas(64) float tmp[N] = {};
+      std::copy(src + dv, src + p.D, tmp);
+      O::Store(O::Mul(O::Load(tmp), vscale), dst + dv);
+      std::fill(dst + dv + N, dst + qs, 0.0f);
     }
   }
 }
@@ -414,7 +406,6 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
   const detail::TaskScratch ts(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed);
   float* base = scratch.get(ts.total);
   float* qp = base + ts.qp;
-  float* qd = base + ts.qd;
   const std::int64_t qs = static_cast<std::int64_t>(ts.qp_stride);
   float* s = base + ts.s;
   float* acc = base + ts.acc;
@@ -434,17 +425,7 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
     const int rows = static_cast<int>((pos1 - pos0) * nh);
     // Few rows (decode) and no K/V reuse across query blocks: stream K/V in place.
     const bool stream = !keep_packed && rows <= kStreamRows;
-    if (stream) {
-      for (int r = 0; r < rows; ++r) {
-        const float* src = static_cast<const float*>(p.q.data) + b * p.q.s[0] +
-                           (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2];
-        float* dst = qd + r * ts.qd_stride;
-        for (std::int64_t d = 0; d < g.D; ++d) dst[d] = src[d] * qscale;
-        std::fill(dst + g.D, dst + ts.qd_stride, 0.0f);
-      }
-    } else {
-      PackQTransposed<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
-    }
+    PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
     // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
     // instead of a horizontal sum per row and block.
     for (int r = 0; r < rows; ++r) {
@@ -505,8 +486,7 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
       if (stream) {
         const float* K =
             static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
-        DotScores<O>(rows, qd, static_cast<std::int64_t>(ts.qd_stride), g.D, K, p.k.s[2], nk_live,
-                     s, g.Nk);
+        DotScores<O>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, s, g.Nk);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
       }
       for (std::int64_t c0 = 0; c0 < (stream ? 0 : ncols); c0 += W) {
@@ -515,10 +495,10 @@ void RunTaskImpl(const detail::Problem& p, const detail::Plan& pl, std::int64_t 
         for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
           const int R = std::min(O::kScoreRows, rows - r0);
           if (masked) {
-            ScoreRows<O, true>(R, qp + r0, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+            ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
                                static_cast<std::int32_t>(c0), rm + r0, mi);
           } else {
-            ScoreRows<O, false>(R, qp + r0, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+            ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
                                 static_cast<std::int32_t>(c0), rm + r0, mi);
           }
         }

@@ -91,7 +91,7 @@ struct KernelInfo {
 // Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a
 // 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.
 struct TaskScratch {
-  std::size_t qp, qp_stride, qd, qd_stride, s, acc, m, l, rm, kv, total;
+  std::size_t qp, qp_stride, s, acc, m, l, rm, kv, total;
   TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys, std::int64_t block_keys,
               std::int64_t dv_padded, bool keep_packed) {
     const auto rows = static_cast<std::size_t>(pl.rows);
@@ -101,10 +101,8 @@ struct TaskScratch {
       at += (floats + 15) / 16 * 16;
       return start;
     };
-    qp_stride = (rows + 15) / 16 * 16;  // Qp is [D][rows], rows padded to whole vectors
-    qp = take(qp_stride * static_cast<std::size_t>(p.D));
-    qd_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16;  // streaming path: Q rows, padded
-    qd = take(std::min<std::size_t>(rows, 8) * qd_stride);
+    qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16;  // Qp is [rows][D], D padded
+    qp = take(rows * qp_stride);
     s = take(rows * block_keys);
     acc = take(rows * dv_padded);
     m = take(rows);

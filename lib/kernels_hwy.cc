@@ -292,28 +292,28 @@ double FmaProbe(std::int64_t iters) {
 }
 
 // The fused kernel's score micro-kernel on L1-resident operands, as the kernel calls it: D = 64,
-// one packed K panel (16 KiB with AVX-512) against 5 row tiles of a transposed Q block (8 KiB).
+// one packed K panel (16 KiB with AVX-512) against 5 row tiles of a Q block (7.5 KiB).
 // Nothing misses a cache and nothing else runs, so this is the ceiling of the kernel's arithmetic
 // on this machine, below the register-only FmaProbe because every FMA also waits on loads.
 double TileProbe(std::int64_t reps) {
   constexpr int N = Ops::kLanes, W = Ops::kScoreCols * N, R = Ops::kScoreRows, kTiles = 5;
-  constexpr std::int64_t D = 64, qs = (kTiles * R + 15) / 16 * 16;
+  constexpr std::int64_t D = 64;
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };
-  const std::size_t floats = D * qs + D * W + R * W;
+  const std::size_t floats = kTiles * R * D + D * W + R * W;
   std::unique_ptr<float, Free> buf(
       static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
   if (!buf) throw std::bad_alloc();
   float* qp = buf.get();
-  float* kp = qp + D * qs;
+  float* kp = qp + kTiles * R * D;
   float* s = kp + D * W;
-  for (std::size_t i = 0; i < D * qs + D * W; ++i)
+  for (std::size_t i = 0; i < kTiles * R * D + D * W; ++i)
     buf.get()[i] = 1e-3f * static_cast<float>(static_cast<int>(i % 13) - 6);
   const MaskInfo mi{detail::MaskKind::none, 0};
   for (std::int64_t rep = 0; rep < reps; ++rep) {
     for (int t = 0; t < kTiles; ++t)
-      ScoreTile<Ops, R, false>(qp + t * R, qs, D, kp, s, W, 0, nullptr, mi);
+      ScoreTile<Ops, R, false>(qp + t * R * D, D, D, kp, s, W, 0, nullptr, mi);
   }
   volatile float sink = s[0];
   (void)sink;
