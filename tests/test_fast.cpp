@@ -57,11 +57,15 @@ struct Case {
   MaskCase mask = MaskCase::none;
   bool lse = true;
   bool out_aligned64 = false;  // the output (only) starts on a 64-byte boundary
+  double scale = 0;            // softmax scale; 0: the default 1 / sqrt(D)
+  int key_ramp = 0;  // +1: K row j scaled by 0.2 + 2 j / Lk, scores grow along the keys; -1: fall
   std::string str() const {
     std::ostringstream s;
     s << "B" << B << " H" << H << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " D" << D << " Dv"
       << Dv << (blhd ? " blhd" : " bhld") << " misalign" << misalign << " mask " << mask_name(mask)
-      << (out_aligned64 ? " out aligned 64" : "");
+      << (out_aligned64 ? " out aligned 64" : "") << (scale > 0 ? " scale " : "")
+      << (scale > 0 ? std::to_string(scale) : "")
+      << (key_ramp ? " key ramp " + std::to_string(key_ramp) : "");
     return s.str();
   }
 };
@@ -80,6 +84,15 @@ struct Inputs {
     q.fill_random(seed);
     k.fill_random(seed + 1);
     v.fill_random(seed + 2);
+    if (c.scale > 0) opts.scale = c.scale;
+    if (c.key_ramp) {
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hkv; ++h)
+          for (std::int64_t j = 0; j < c.Lk; ++j)
+            for (std::int64_t d = 0; d < c.D; ++d)
+              k.at(b, h, j, d) *=
+                  static_cast<float>(0.2 + 2.0 * (c.key_ramp > 0 ? j : c.Lk - 1 - j) / c.Lk);
+    }
     std::mt19937 rng(seed + 3);
     auto coin = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
     const std::int64_t full = c.B * c.H * c.Lq * c.Lk;
@@ -165,8 +178,9 @@ void check_case(const Case& c, Target target, int threads = 0) {
   // for inputs in [-1, 1]) perturbs the weights; the Lk-long weighted sum adds its own rounding.
   // Both grow like sqrt(length); exp2 adds 3e-7 relative. Outputs are averages of V in [-1, 1].
   const double eps = std::numeric_limits<float>::epsilon();
-  const double scale = 1.0 / std::sqrt(double(c.D));
-  const double score_mag = std::sqrt(double(c.D)) * scale * 3.0 + 3.0;  // masks add up to 3
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
+  const double score_mag = std::sqrt(double(c.D)) * scale * ramp * 3.0 + 3.0;  // masks add <= 3
   const double atol =
       8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
   std::vector<float> got_flat, want_flat;
@@ -291,6 +305,31 @@ TEST_P(FastPath, LargeOutputs) {
   }
   c.Dv = 65;  // rows are not whole vectors
   c.out_aligned64 = true;
+  check_case(c, GetParam());
+}
+
+// Scores of tens (base 2) that grow along the keys: the online softmax must rescale whenever a
+// row's max outgrows its slack, on the tiled path, the decode path and across key splits; with the
+// ramp reversed the max comes first and later blocks reuse it.
+TEST_P(FastPath, LargeScoresThatGrowAlongTheKeys) {
+  Case c;
+  c.H = 4;
+  c.Hkv = 2;
+  c.D = c.Dv = 16;
+  c.scale = 4.0;
+  c.key_ramp = 1;
+  for (auto [Lq, Lk] : {std::pair<std::int64_t, std::int64_t>{70, 1000}, {1, 300}, {1, 5000}}) {
+    c.Lq = Lq;
+    c.Lk = Lk;
+    for (MaskCase m : {MaskCase::none, MaskCase::causal_br}) {
+      c.mask = m;
+      check_case(c, GetParam());
+    }
+  }
+  c.Lq = 70;
+  c.Lk = 1000;
+  c.mask = MaskCase::none;
+  c.key_ramp = -1;
   check_case(c, GetParam());
 }
 
