@@ -347,8 +347,9 @@ inline void MaskScoreRow(float* HWY_RESTRICT srow, std::int64_t ncols, const Row
 // Copies the block's query rows, Qp[row][0:D] (row stride qs, zero-padded to it), scaled by
 // scale * log2(e) so that the softmax runs in base 2. Row-major, not transposed: the score
 // micro-kernel broadcasts one float per row and d from R row pointers (6 with AVX-512, which fit
-// the general registers), and the copy is then a load, a multiply and a store per vector. (The
-// transposed layout it replaces cost 6% of a cache-resident S1 in its 16 x 16 transposes.)
+// the general registers), and the copy is then a load, a multiply and a store per vector. (Against
+// the transposed Qp[d][row] it replaces, measured: S1 +5-14%, and the score tile on L1 data from
+// 87% to 90% of the FMA probe.)
 template <class O>
 void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
            std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* HWY_RESTRICT qp) {
