@@ -63,8 +63,8 @@ struct Case {
     std::ostringstream s;
     s << "B" << B << " H" << H << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " D" << D << " Dv"
       << Dv << (blhd ? " blhd" : " bhld") << " misalign" << misalign << " mask " << mask_name(mask)
-      << (out_aligned64 ? " out aligned 64" : "") << (scale > 0 ? " scale " : "")
-      << (scale > 0 ? std::to_string(scale) : "")
+      << (out_aligned64 ? " out aligned 64" : "")
+      << (scale > 0 ? " scale " + std::to_string(scale) : "")
       << (key_ramp ? " key ramp " + std::to_string(key_ramp) : "");
     return s.str();
   }
@@ -308,9 +308,9 @@ TEST_P(FastPath, LargeOutputs) {
   check_case(c, GetParam());
 }
 
-// Scores of tens (base 2) that grow along the keys: the online softmax must rescale whenever a
-// row's max outgrows its slack, on the tiled path, the decode path and across key splits; with the
-// ramp reversed the max comes first and later blocks reuse it.
+// Scores of tens (base 2) that grow along the keys: the online softmax must rescale l and Acc
+// each time a row's max grows after probabilities were accumulated, on the tiled path, the decode
+// path and across key splits; with the ramp reversed the max comes first and later blocks keep it.
 TEST_P(FastPath, LargeScoresThatGrowAlongTheKeys) {
   Case c;
   c.H = 4;
