@@ -78,7 +78,21 @@ struct Ops {
   static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }
   static HWY_INLINE V Sub(V a, V b) { return hn::Sub(a, b); }
   static HWY_INLINE V Max(V a, V b) { return hn::Max(a, b); }
-  static HWY_INLINE float ReduceMax(V v) { return hn::GetLane(hn::MaxOfLanes(D(), v)); }
+  // The largest lane; -inf when every lane is -inf (a fully masked row depends on it).
+  static HWY_INLINE float ReduceMax(V v) {
+#if HWY_TARGET == HWY_EMU128
+    // Highway 1.0.3's EMU128 MaxOfLanes starts from the lowest finite float, so all -inf lanes
+    // give -3.4e38 and a fully masked row turned into NaN (first seen with clang, whose fallback
+    // target this is).
+    alignas(64) float lanes[kLanes];
+    Store(v, lanes);
+    float m = lanes[0];
+    for (int i = 1; i < kLanes; ++i) m = lanes[i] > m ? lanes[i] : m;
+    return m;
+#else
+    return hn::GetLane(hn::MaxOfLanes(D(), v));
+#endif
+  }
   static HWY_INLINE float ReduceSum(V v) { return hn::GetLane(hn::SumOfLanes(D(), v)); }
 
   // Lanes whose key index col0 + lane is >= end become -inf.
@@ -215,8 +229,16 @@ struct Ops {
 #elif HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
     _MM_TRANSPOSE4_PS(r[0].raw, r[1].raw, r[2].raw, r[3].raw);
 #else
-    static_assert(kLanes == 1, "add a transpose for this target");
-    (void)r;
+    // Portable targets (SCALAR with 1 lane under g++, EMU128 with 4 under clang, and whatever
+    // Highway picks on other architectures): through memory. These targets are the fallback,
+    // correct rather than fast.
+    alignas(64) float m[kLanes * kLanes];
+    for (int i = 0; i < kLanes; ++i) Store(r[i], m + i * kLanes);
+    for (int i = 0; i < kLanes; ++i) {
+      alignas(64) float col[kLanes];
+      for (int j = 0; j < kLanes; ++j) col[j] = m[j * kLanes + i];
+      r[i] = Load(col);
+    }
 #endif
   }
 };

@@ -261,7 +261,9 @@ TEST(Reference, GroupedQueryEqualsRepeatedKvHeads) {
 }
 
 TEST(Reference, CausalAlignmentsOnRectangularScores) {
-  for (auto [Lq, Lk] : {std::pair<std::int64_t, std::int64_t>{3, 7}, {7, 3}}) {
+  for (const auto& sizes : {std::pair<std::int64_t, std::int64_t>{3, 7}, {7, 3}}) {
+    // Plain variables, not a structured binding: clang 14 cannot capture those in a lambda.
+    const std::int64_t Lq = sizes.first, Lk = sizes.second;
     Problem4 p(61);
     p.Lq = Lq;
     p.Lk = Lk;

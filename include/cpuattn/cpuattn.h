@@ -32,6 +32,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace cpuattn {
 
@@ -130,7 +131,7 @@ struct BasicView {
 
   // An output view converts to an input view, never the other way round.
   template <class Q = P>
-  operator BasicView<const void>() const {
+  requires(!std::is_const_v<Q>) operator BasicView<const Q>() const {
     BasicView<const void> t;
     t.data = data;
     t.dtype = dtype;
