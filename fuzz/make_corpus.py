@@ -58,8 +58,21 @@ def npy_seeds():
     }
 
 
+def labels_seeds():
+    return {
+        "ascii.txt": b"the\ncat\nsat\n",
+        "bom_crlf.txt": b"\xef\xbb\xbfone\r\ntwo\r\n\r\nfour",
+        "utf8.txt": "caf\u00e9\n\u6f22\u5b57\n\U0001f600 emoji\n\ttab".encode("utf-8"),
+        "xml_specials.txt": b"<b>&amp;\n'quote' \"double\"\na > b & c < d",
+        "empty_lines.txt": b"\n\n",
+        "invalid_utf8.txt": b"ok\n\xc0\xaf overlong\n",
+        "control.txt": b"bell\x07\n",
+    }
+
+
 def main():
     write_seeds("fuzz_npy", npy_seeds())
+    write_seeds("fuzz_labels", labels_seeds())
 
 
 if __name__ == "__main__":
