@@ -150,7 +150,9 @@ void AdditiveAttention::forward(const TensorView& h, const TensorView& s, const 
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   // E1 = h W1 + b1 and E2 = s W2 + b2, rows padded to whole vectors with zeros.
   const std::int64_t ap = static_cast<std::int64_t>(v_.size());
-  float* e1 = ci.layer_scratch.local().get(static_cast<std::size_t>((c.B * (c.Lq + c.Lk)) * ap));
+  detail::Scratch& layer = ci.layer_scratch.local();
+  const Context::Impl::Lease layer_lease{ci, layer};
+  float* e1 = layer.get(static_cast<std::size_t>((c.B * (c.Lq + c.Lk)) * ap));
   float* e2 = e1 + c.B * c.Lq * ap;
   for (std::int64_t r = 0; r < c.B * (c.Lq + c.Lk); ++r)
     std::fill(e1 + r * ap + a_, e1 + (r + 1) * ap, 0.0f);
@@ -172,6 +174,7 @@ void AdditiveAttention::forward(const TensorView& h, const TensorView& s, const 
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, c.B * c.Lq, 1),
                       [&](const tbb::blocked_range<std::int64_t>& r) {
                         detail::Scratch& sc = ci.task_scratch.local();
+                        const Context::Impl::Lease lease{ci, sc};
                         for (std::int64_t t = r.begin(); t < r.end(); ++t) {
                           ki.additive_task(a, t, sc);
                         }
@@ -194,8 +197,10 @@ void MultiplicativeAttention::forward(const TensorView& h, const TensorView& s,
   const AlignCall c = prepare(h, d_dec, s, d_enc, context, opts);
   Context& ctx = context_threads != nullptr ? *context_threads : default_context();
   // score = (h W) s^T: one product of Lq rows, then the fused kernel with one head.
-  float* g = detail::ContextAccess::impl(ctx).layer_scratch.local().get(
-      static_cast<std::size_t>(c.B * c.Lq * d_enc));
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  detail::Scratch& layer = ci.layer_scratch.local();
+  const Context::Impl::Lease layer_lease{ci, layer};
+  float* g = layer.get(static_cast<std::size_t>(c.B * c.Lq * d_enc));
   const OutputView gv = f32_view(g, {c.B, c.Lq, d_enc});
   w_.forward(h, gv, &ctx);
   AttentionOptions ao;

@@ -119,15 +119,18 @@ void run_fast(const Problem& p, Context& ctx) {
   // The one dispatch of the call: every task of it runs this target's kernels.
   const KernelInfo& ki = kernels_for(c.max_target.load());
   Plan pl = make_plan(p, ki);
+  Scratch& call = c.call_scratch.local();
+  const Context::Impl::Lease call_lease{c, call};
   if (pl.k_splits > 1) {
-    pl.partials = c.call_scratch.local().get(
-        static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats));
+    pl.partials =
+        call.get(static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats));
   }
   c.run([&] {
     tbb::parallel_for(
         tbb::blocked_range<std::int64_t>(0, pl.tasks, 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
+          const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) ki.run_task(p, pl, t, s);
         },
         tbb::simple_partitioner());
@@ -142,6 +145,7 @@ void run_unfused(const Problem& p, Context& ctx) {
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, p.B * p.H, 1),
                       [&](const tbb::blocked_range<std::int64_t>& r) {
                         Scratch& s = c.task_scratch.local();
+                        const Context::Impl::Lease lease{c, s};
                         for (std::int64_t bh = r.begin(); bh < r.end(); ++bh) {
                           ki.run_unfused_head(p, bh / p.H, bh % p.H, s);
                         }

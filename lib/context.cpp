@@ -1,3 +1,6 @@
+#include <tbb/global_control.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -36,9 +39,14 @@ Context::Context(int num_threads) : impl_(std::make_unique<Impl>()) {
                 std::to_string(num_threads));
   }
   impl_->num_threads = num_threads;
-  // oneTBB never runs more worker threads than its global limit (the machine's cores by
-  // default), so an arena larger than the machine does not oversubscribe it.
-  if (num_threads > 0) impl_->arena = std::make_unique<tbb::task_arena>(num_threads);
+  // oneTBB never runs more threads than its global limit (the machine's cores by default); an
+  // arena asking for more only made oneTBB print a warning on stderr. The plan does not depend on
+  // the thread count, so capping it changes no result.
+  if (num_threads > 0) {
+    const int allowed = static_cast<int>(
+        tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+    impl_->arena = std::make_unique<tbb::task_arena>(std::min(num_threads, std::max(1, allowed)));
+  }
 }
 
 Context::~Context() = default;
@@ -46,6 +54,24 @@ Context::~Context() = default;
 int Context::num_threads() const { return impl_->num_threads; }
 void Context::set_max_target(Target target) { impl_->max_target.store(target); }
 Target Context::max_target() const { return impl_->max_target.load(); }
+
+void Context::set_scratch_limit(std::size_t bytes) { impl_->scratch_limit.store(bytes); }
+std::size_t Context::scratch_limit() const { return impl_->scratch_limit.load(); }
+
+void Context::trim() {
+  // clear() destroys every thread's slot, also those of threads that have exited since.
+  impl_->task_scratch.clear();
+  impl_->call_scratch.clear();
+  impl_->layer_scratch.clear();
+}
+
+std::size_t Context::retained_scratch_bytes() const {
+  std::size_t total = 0;
+  for (const auto* ets : {&impl_->task_scratch, &impl_->call_scratch, &impl_->layer_scratch}) {
+    for (const detail::Scratch& s : *ets) total += s.bytes();
+  }
+  return total;
+}
 
 Context& default_context() {
   // A plain static, destroyed at exit (so leak checkers see its scratch freed).

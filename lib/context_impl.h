@@ -6,6 +6,7 @@
 #include <tbb/task_arena.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "cpuattn/cpuattn.h"
@@ -26,6 +27,21 @@ struct Context::Impl {
   // Per calling thread: the intermediate tensors of a layer call (projections, head outputs).
   tbb::enumerable_thread_specific<detail::Scratch> layer_scratch;
 
+  // A thread keeps at most this many bytes in each of its scratch buffers between uses.
+  std::atomic<std::size_t> scratch_limit{SIZE_MAX};
+
+  // Called by the thread that owns `s` when it is done with it for now: frees it if it is above
+  // the limit. Only the owner touches its buffer, so this needs no lock.
+  void done_with(detail::Scratch& s) const {
+    if (s.bytes() > scratch_limit.load(std::memory_order_relaxed)) s.release();
+  }
+  // done_with(s) at the end of a scope, also when the scope is left by an exception.
+  struct Lease {
+    const Impl& impl;
+    detail::Scratch& scratch;
+    ~Lease() { impl.done_with(scratch); }
+  };
+
   // Runs f() with this context's threads. Isolated: while this thread waits for f's tasks it
   // takes no other task of the arena. Without isolation, a caller's own parallel loop over
   // requests could hand this thread another request's call in the middle of this one, and that
@@ -39,8 +55,6 @@ struct Context::Impl {
     }
   }
 };
-
-Context& default_context();
 
 namespace detail {
 struct ContextAccess {

@@ -25,6 +25,11 @@ class Scratch {
   }
   float* data() const { return buf_.get(); }
   std::size_t capacity() const { return capacity_; }
+  std::size_t bytes() const { return capacity_ * sizeof(float); }
+  void release() {
+    buf_.reset();
+    capacity_ = 0;
+  }
 
  private:
   struct Free {

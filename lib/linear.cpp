@@ -39,6 +39,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
         tbb::blocked_range<std::int64_t>(0, g.row_tasks * g.panel_tasks, 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
+          const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) ki.gemm_task(g, t, s);
         },
         tbb::simple_partitioner());

@@ -28,16 +28,51 @@ void check_f32(const char* name, const TensorView& t, int rank) {
   detail::extent_of(name, t);
 }
 
+// The layer writes opts.lse / opts.weights during attention and `out` afterwards, from the heads'
+// outputs: an optional output that overlaps `out` would be overwritten (or overwrite it), and one
+// that overlaps an input would change what the projections read. Call after detail::validate(),
+// which has checked the optional outputs' own shapes.
+void check_optional_outputs(const AttentionOptions& opts, const detail::Extent& out,
+                            const char* in1, const TensorView& x1, const char* in2,
+                            const TensorView& x2) {
+  const detail::Extent e1 = detail::extent_of(in1, x1), e2 = detail::extent_of(in2, x2);
+  for (const auto& [name, view] :
+       {std::pair<const char*, const std::optional<OutputView>*>{"opts.lse", &opts.lse},
+        {"opts.weights", &opts.weights}}) {
+    if (!view->has_value()) continue;
+    const detail::Extent e = detail::extent_of(name, **view);
+    detail::check_disjoint(name, e, {{"out", out}, {in1, e1}, {in2, e2}});
+  }
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------- KvCache
+
+// Every size is checked before anything changes: capacity * B * Hkv * max(D, Dv) floats stay
+// below kMaxFloats, so no index below overflows and a huge reserve() or append() is an Error that
+// leaves the cache as it was (before, reserve(2^62) overflowed to a small allocation and the next
+// append wrote past it).
+constexpr std::int64_t kMaxFloats = std::int64_t{1} << 40;  // 4 TiB of K or of V
 
 struct KvCache::Storage {
   std::int64_t B, Hkv, D, Dv, capacity, length = 0;
   bool growable;
   std::vector<float> k, v;  // [B, Hkv, capacity, D] and [.., Dv]
 
+  std::string dims() const {
+    return "batch=" + std::to_string(B) + ", kv_heads=" + std::to_string(Hkv) +
+           ", head_dim=" + std::to_string(D) + ", value_dim=" + std::to_string(Dv);
+  }
+  // The most tokens a cache of these dimensions may hold.
+  std::int64_t max_capacity() const { return kMaxFloats / (B * Hkv * std::max(D, Dv)); }
+
+  // Allocates the new buffers before touching the old ones: on std::bad_alloc nothing changed.
   void grow_to(std::int64_t cap) {
+    if (cap > max_capacity()) {
+      fail("KvCache: capacity " + std::to_string(cap) + " is too large for " + dims() +
+           " (at most " + std::to_string(max_capacity()) + " tokens)");
+    }
     std::vector<float> nk(static_cast<std::size_t>(B * Hkv * cap * D));
     std::vector<float> nv(static_cast<std::size_t>(B * Hkv * cap * Dv));
     for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
@@ -51,14 +86,21 @@ struct KvCache::Storage {
 
   // Room for n more tokens, or an error that changes nothing.
   void make_room(std::int64_t n) {
-    if (n > capacity - length) {
-      if (!growable) {
-        fail("KV cache is full: " + std::to_string(length) + " cached + " + std::to_string(n) +
-             " new tokens > capacity " + std::to_string(capacity) +
-             " (a fixed-capacity cache; construct it growable or reserve() more)");
-      }
-      grow_to(std::max(2 * capacity, length + n));
+    if (n <= capacity - length) return;
+    if (!growable) {
+      fail("KV cache is full: " + std::to_string(length) + " cached + " + std::to_string(n) +
+           " new tokens > capacity " + std::to_string(capacity) +
+           " (a fixed-capacity cache; construct it growable or reserve() more)");
     }
+    const std::int64_t limit = max_capacity();
+    if (n > limit - length) {
+      fail("KvCache: " + std::to_string(length) + " cached + " + std::to_string(n) +
+           " new tokens exceed the largest capacity for " + dims() + " (" + std::to_string(limit) +
+           " tokens)");
+    }
+    // Doubling keeps appends amortized O(1); never past the limit (capacity <= limit, so 2 *
+    // capacity does not overflow).
+    grow_to(std::max(std::min(2 * capacity, limit), length + n));
   }
 
   // Copies token rows [B, Hkv, n, width] (strides over b, h, l) to positions length.. of `dst`.
@@ -83,6 +125,15 @@ struct KvCache::Storage {
   }
 };
 
+namespace {
+// A moved-from cache has no storage: destroying it or assigning to it is fine, anything else is
+// an Error instead of a null dereference.
+KvCache::Storage& live(const std::unique_ptr<KvCache::Storage>& s, const char* what) {
+  if (!s) fail(std::string("KvCache::") + what + ": the cache was moved from");
+  return *s;
+}
+}  // namespace
+
 KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
                  std::int64_t value_dim, std::int64_t capacity, bool growable) {
   const std::string dims =
@@ -92,10 +143,11 @@ KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_di
   if (batch < 1 || kv_heads < 1 || head_dim < 1 || value_dim < 1 || capacity < 1) {
     fail("KvCache: every size must be >= 1 (" + dims + ")");
   }
-  std::int64_t total = 0;
-  if (__builtin_mul_overflow(batch * kv_heads, capacity * std::max(head_dim, value_dim), &total) ||
-      total > (std::int64_t{1} << 40)) {
-    fail("KvCache: too large (" + dims + ")");
+  std::int64_t bh = 0, per_token = 0, total = 0;
+  if (__builtin_mul_overflow(batch, kv_heads, &bh) ||
+      __builtin_mul_overflow(bh, std::max(head_dim, value_dim), &per_token) ||
+      __builtin_mul_overflow(per_token, capacity, &total) || total > kMaxFloats) {
+    fail("KvCache: too large (" + dims + "; at most 2^40 floats of K or of V)");
   }
   s_ = std::make_unique<Storage>(
       Storage{batch, kv_heads, head_dim, value_dim, 0, 0, growable, {}, {}});
@@ -106,51 +158,59 @@ KvCache::~KvCache() = default;
 KvCache::KvCache(KvCache&&) noexcept = default;
 KvCache& KvCache::operator=(KvCache&&) noexcept = default;
 
-std::int64_t KvCache::batch() const { return s_->B; }
-std::int64_t KvCache::kv_heads() const { return s_->Hkv; }
-std::int64_t KvCache::head_dim() const { return s_->D; }
-std::int64_t KvCache::value_dim() const { return s_->Dv; }
-std::int64_t KvCache::length() const { return s_->length; }
-std::int64_t KvCache::capacity() const { return s_->capacity; }
-bool KvCache::growable() const { return s_->growable; }
+std::int64_t KvCache::batch() const { return live(s_, "batch").B; }
+std::int64_t KvCache::kv_heads() const { return live(s_, "kv_heads").Hkv; }
+std::int64_t KvCache::head_dim() const { return live(s_, "head_dim").D; }
+std::int64_t KvCache::value_dim() const { return live(s_, "value_dim").Dv; }
+std::int64_t KvCache::length() const { return live(s_, "length").length; }
+std::int64_t KvCache::capacity() const { return live(s_, "capacity").capacity; }
+bool KvCache::growable() const { return live(s_, "growable").growable; }
 
 void KvCache::reserve(std::int64_t capacity) {
-  if (capacity <= s_->capacity) return;
-  if (!s_->growable) {
+  Storage& s = live(s_, "reserve");
+  if (capacity <= s.capacity) return;
+  if (!s.growable) {
     fail("KvCache::reserve(" + std::to_string(capacity) + "): the cache has a fixed capacity of " +
-         std::to_string(s_->capacity));
+         std::to_string(s.capacity));
   }
-  s_->grow_to(capacity);
+  s.grow_to(capacity);
 }
 
-void KvCache::clear() { s_->length = 0; }
+void KvCache::clear() { live(s_, "clear").length = 0; }
 
 void KvCache::truncate(std::int64_t length) {
-  if (length < 0 || length > s_->length) {
+  Storage& s = live(s_, "truncate");
+  if (length < 0 || length > s.length) {
     fail("KvCache::truncate(" + std::to_string(length) + "): must be in [0, " +
-         std::to_string(s_->length) + "], the cached length");
+         std::to_string(s.length) + "], the cached length");
   }
-  s_->length = length;
+  s.length = length;
 }
 
 void KvCache::append(const TensorView& k, const TensorView& v) {
+  Storage& s = live(s_, "append");
   check_f32("k", k, 4);
   check_f32("v", v, 4);
-  const Storage& s = *s_;
   const std::int64_t n = k.shape[2];
   if (k.shape[0] != s.B || k.shape[1] != s.Hkv || k.shape[3] != s.D || v.shape[0] != s.B ||
       v.shape[1] != s.Hkv || v.shape[2] != n || v.shape[3] != s.Dv) {
     fail("KvCache::append: k " + shape_str(k) + " and v " + shape_str(v) + " must be " +
          dims_str({s.B, s.Hkv, n, s.D}) + " and " + dims_str({s.B, s.Hkv, n, s.Dv}));
   }
-  s_->make_room(n);
-  s_->store(k, s_->k, s.D);
-  s_->store(v, s_->v, s.Dv);
-  s_->length += n;
+  s.make_room(n);
+  s.store(k, s.k, s.D);
+  s.store(v, s.v, s.Dv);
+  s.length += n;
 }
 
-TensorView KvCache::keys() const { return s_->view(s_->k, s_->D, s_->length); }
-TensorView KvCache::values() const { return s_->view(s_->v, s_->Dv, s_->length); }
+TensorView KvCache::keys() const {
+  const Storage& s = live(s_, "keys");
+  return s.view(s.k, s.D, s.length);
+}
+TensorView KvCache::values() const {
+  const Storage& s = live(s_, "values");
+  return s.view(s.v, s.Dv, s.length);
+}
 
 // ------------------------------------------------------------------------ MultiHeadAttention
 
@@ -163,6 +223,7 @@ struct MultiHeadAttention::Impl {
   struct Buffers {
     float *q, *k, *v, *a;
   };
+  // The caller holds a Lease on ctx's layer scratch of this thread for as long as it uses these.
   Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv) const {
     const auto pad = [](std::int64_t n) { return (n + 15) / 16 * 16; };
     const std::int64_t nq = pad(rows_q * cfg.heads * cfg.head_dim);
@@ -242,15 +303,23 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights
       Impl{c, Linear(w.wq, w.bq), Linear(w.wk, w.bk), Linear(w.wv, w.bv), Linear(w.wo, w.bo)});
 }
 
+namespace {
+const MultiHeadAttention::Impl& live(const std::unique_ptr<MultiHeadAttention::Impl>& m,
+                                     const char* what) {
+  if (!m) fail(std::string("MultiHeadAttention::") + what + ": the layer was moved from");
+  return *m;
+}
+}  // namespace
+
 MultiHeadAttention::~MultiHeadAttention() = default;
 MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
 MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept = default;
 
-const MhaConfig& MultiHeadAttention::config() const { return impl_->cfg; }
+const MhaConfig& MultiHeadAttention::config() const { return live(impl_, "config").cfg; }
 
 KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity,
                                        bool growable) const {
-  const MhaConfig& c = impl_->cfg;
+  const MhaConfig& c = live(impl_, "make_cache").cfg;
   return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable);
 }
 
@@ -262,7 +331,7 @@ void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
 void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,
                                        const OutputView& out, const AttentionOptions& opts,
                                        Context* context) const {
-  const Impl& m = *impl_;
+  const Impl& m = live(impl_, "forward");
   const MhaConfig& c = m.cfg;
   check_f32("xq", xq, 3);
   const std::int64_t B = xq.shape[0], Lq = xq.shape[1];
@@ -277,6 +346,8 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   detail::check_disjoint(
       "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
   Context& ctx = context != nullptr ? *context : default_context();
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
   const Impl::Buffers buf = m.buffers(ctx, B * Lq, B * Lk);
   const OutputView q = Impl::heads_view(buf.q, B, Lq, c.heads, c.head_dim);
   const OutputView k = Impl::heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim);
@@ -285,6 +356,7 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   // Every option (mask, key lengths, lse, weights) is checked against the shapes before anything
   // is computed, so a bad option leaves `out` untouched.
   detail::validate(q, k, v, a, opts, false);
+  check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
 
   m.wq.forward(xq, f32_view(buf.q, {B, Lq, c.heads * c.head_dim}), &ctx);
   m.wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
@@ -296,13 +368,13 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
 
 void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,
                                 const AttentionOptions& opts_in, Context* context) const {
-  const Impl& m = *impl_;
+  const Impl& m = live(impl_, "decode");
   const MhaConfig& c = m.cfg;
   check_f32("x", x, 3);
   const std::int64_t B = x.shape[0], n = x.shape[1];
   m.check_io("x", x, "out", out, B, n);
   detail::check_disjoint("out", detail::extent_of("out", out), {{"x", detail::extent_of("x", x)}});
-  KvCache::Storage& s = *cache.s_;
+  KvCache::Storage& s = live(cache.s_, "decode (cache)");
   if (s.B != B || s.Hkv != c.kv_heads || s.D != c.head_dim || s.Dv != c.value_dim) {
     fail("cache (batch=" + std::to_string(s.B) + ", kv_heads=" + std::to_string(s.Hkv) +
          ", head_dim=" + std::to_string(s.D) + ", value_dim=" + std::to_string(s.Dv) +
@@ -321,10 +393,13 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   const std::int64_t len = s.length + n;
 
   Context& ctx = context != nullptr ? *context : default_context();
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
   const Impl::Buffers buf = m.buffers(ctx, B * n, B * n);
   const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
   const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
   detail::validate(q, s.view(s.k, s.D, len), s.view(s.v, s.Dv, len), a, opts, false);
+  check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
   m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
   m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);

@@ -83,7 +83,9 @@ void for_items(Context* context, std::int64_t items, double work_per_item, const
   Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& c = detail::ContextAccess::impl(ctx);
   if (static_cast<double>(items) * work_per_item <= kParallelWork) {
-    body(std::int64_t{0}, items, c.task_scratch.local());
+    detail::Scratch& s = c.task_scratch.local();
+    const Context::Impl::Lease lease{c, s};
+    body(std::int64_t{0}, items, s);
     return;
   }
   const auto grain =
@@ -91,7 +93,9 @@ void for_items(Context* context, std::int64_t items, double work_per_item, const
   c.run([&] {
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, items, grain),
                       [&](const tbb::blocked_range<std::int64_t>& r) {
-                        body(r.begin(), r.end(), c.task_scratch.local());
+                        detail::Scratch& s = c.task_scratch.local();
+                        const Context::Impl::Lease lease{c, s};
+                        body(r.begin(), r.end(), s);
                       });
   });
 }

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -216,7 +217,17 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
 
   if (opts.scale) {
     const double s = *opts.scale;
-    if (!std::isfinite(s) || s <= 0) fail("scale must be finite and > 0, got " + std::to_string(s));
+    // The reference computes in double, the fast path folds scale * log2(e) into one float: a
+    // scale outside float's normal range would be 0 or inf there (1e39 gave an all-NaN output
+    // while the reference gave finite numbers), so both reject it.
+    if (!(s >= kMinScale && s <= kMaxScale)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "scale must be in [%.9g, %.9g] (finite, > 0, and scale * log2(e) a normal "
+                    "float32), got %.10g",
+                    kMinScale, kMaxScale, s);
+      fail(buf);
+    }
     p.scale = s;
   } else {
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));

@@ -155,9 +155,15 @@ inline OutputView f32_view(float* data, std::initializer_list<std::int64_t> shap
 
 enum class Causal : std::uint8_t { none, top_left, bottom_right };
 
+// The scales every entry point accepts: float32's smallest normal number, and the largest
+// float32 whose product with log2(e) (which the fast path folds into the scale) is finite.
+inline constexpr double kMinScale = 1.1754943508222875e-38;
+inline constexpr double kMaxScale = 2.3586574e38;
+
 struct AttentionOptions {
-  // Multiplies Q K^T. Default 1/sqrt(D). Must be finite and > 0. Use 1 for "no scaling" and
-  // 1/T for a softmax temperature T.
+  // Multiplies Q K^T. Default 1/sqrt(D). Must be in [kMinScale, kMaxScale] (finite, > 0, and
+  // representable by the float32 fast path); anything else is an Error for the fast path and the
+  // reference alike. Use 1 for "no scaling" and 1/T for a softmax temperature T.
   std::optional<double> scale;
   Causal causal = Causal::none;
   // Boolean (true = may attend) or f32 additive mask, rank 1..4, broadcastable to
@@ -180,12 +186,19 @@ Target parse_target(const std::string& name);
 
 // Execution context: which threads run the fast path, a cap on the SIMD target, and the
 // scratch memory kernels reuse between calls (so steady-state calls do not allocate).
-// A Context may be used by several threads at once. Without one, calls use a process-wide
-// default context that runs on the caller's oneTBB arena and honours CPUATTN_TARGET.
+// A Context may be used by several threads at once (every call, set_max_target and
+// set_scratch_limit; not trim()). Without one, calls use a process-wide default context
+// (default_context()) that runs on the caller's oneTBB arena and honours CPUATTN_TARGET.
+//
+// Memory: each thread that runs a call keeps its scratch buffers for the next call, sized by the
+// largest call it has run. A service that once ran a huge request would keep that memory for
+// good; set_scratch_limit() bounds what a thread keeps between uses, and trim() frees it all.
 class Context {
  public:
   // num_threads == 0: run in the calling thread's task arena (whatever oneTBB arena the caller
-  // is in, or the default one). num_threads > 0: run in an arena of exactly that many threads.
+  // is in, or the default one). num_threads > 0: run in an arena of that many threads, at most
+  // as many as oneTBB may run (the machine's cores unless a tbb::global_control says otherwise):
+  // more threads than cores would only time-slice, and results never depend on the count.
   explicit Context(int num_threads = 0);
   ~Context();
   Context(const Context&) = delete;
@@ -197,12 +210,26 @@ class Context {
   void set_max_target(Target target);
   Target max_target() const;
 
+  // After each use, a thread frees any of its scratch buffers larger than `bytes` (the next call
+  // that needs more allocates it again). Default: no limit. Safe to call at any time.
+  void set_scratch_limit(std::size_t bytes);
+  std::size_t scratch_limit() const;
+  // Frees the scratch memory of every thread, including threads that have exited. Must not run
+  // while another thread is calling into the library with this context.
+  void trim();
+  // Bytes of scratch kept by all threads now. Same restriction as trim().
+  std::size_t retained_scratch_bytes() const;
+
   struct Impl;
 
  private:
   friend struct detail::ContextAccess;
   std::unique_ptr<Impl> impl_;
 };
+
+// The context calls use when they are given none: on the caller's oneTBB arena, capped by
+// CPUATTN_TARGET. Lives until the process exits.
+Context& default_context();
 
 // The fused fast path: f32 in, f32 out. Deterministic: the result does not depend on the
 // number of threads. When opts.weights is requested the call takes the simpler unfused path.
