@@ -70,9 +70,22 @@ def labels_seeds():
     }
 
 
+def decision_seeds(count, length):
+    """Seeds for the targets that read their input as a stream of decisions (fuzz_util.h's
+    Reader: a byte per choice, 0 past the end). All zeros is the simplest valid case (every
+    size 1, no option); all 0xff turns every option on; the rest are fixed pseudo-random streams,
+    different mixes of options and mutations for libFuzzer to start from."""
+    rng = np.random.default_rng(42)
+    seeds = {"zeros": bytes(length), "all_ff": b"\xff" * length}
+    for i in range(count):
+        seeds["random_%d" % i] = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
+    return seeds
+
+
 def main():
     write_seeds("fuzz_npy", npy_seeds())
     write_seeds("fuzz_labels", labels_seeds())
+    write_seeds("fuzz_validate", decision_seeds(6, 64))
 
 
 if __name__ == "__main__":
