@@ -87,6 +87,7 @@ def main():
     write_seeds("fuzz_labels", labels_seeds())
     write_seeds("fuzz_validate", decision_seeds(6, 64))
     write_seeds("fuzz_attention_diff", decision_seeds(6, 96))
+    write_seeds("fuzz_kvcache", decision_seeds(6, 128))
 
 
 if __name__ == "__main__":
