@@ -150,7 +150,15 @@ struct Ops {
     p = hn::MulAdd(p, f, hn::Set(d, 2.402212024e-01f));
     p = hn::MulAdd(p, f, hn::Set(d, 6.931469440e-01f));
     p = hn::MulAdd(p, f, hn::Set(d, 1.000000119e+00f));
-    const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+#if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
+    // The emulated ConvertTo is a C++ cast: NaN or a value past int32 is undefined behaviour
+    // there (UBSan caught NaN under clang), where x86's cvttps returns 0x80000000. p carries the
+    // NaN either way, and above 128 the result is outside the stated range.
+    const V n_int = hn::IfThenElse(hn::IsNaN(n), hn::Zero(d), hn::Min(n, hn::Set(d, 128.0f)));
+#else
+    const V n_int = n;
+#endif
+    const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n_int), hn::Set(di, 127)));
     return hn::Mul(p, hn::BitCast(d, bits));
 #endif
   }

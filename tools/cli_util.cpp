@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <new>
 
+#include "files.h"
+
 namespace cpuattn::cli {
 
 void fail(const std::string& message) { throw BadInput(message); }
@@ -12,10 +14,26 @@ void fail(const std::string& message) { throw BadInput(message); }
 void report(std::string message) {
   const std::string prefix = "cpuattn: ";
   while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
+  constexpr std::size_t kMaxLine = 4096;
+  std::string line;
+  for (char ch : message) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n' || c == '\r') {
+      line += ' ';
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      line += buf;
+    } else {
+      line += ch;
+    }
+    if (line.size() > kMaxLine) {
+      line.resize(kMaxLine);
+      line += "...";
+      break;
+    }
   }
-  std::fprintf(stderr, "cpuattn: %s\n", message.c_str());
+  std::fprintf(stderr, "cpuattn: %s\n", line.c_str());
 }
 
 void guarded(int& exit_code, const std::function<void()>& body) {
@@ -32,7 +50,7 @@ void guarded(int& exit_code, const std::function<void()>& body) {
 }
 
 std::string named(const char* what, const std::string& path) {
-  return std::string(what) + " (" + path + ")";
+  return std::string(what) + " (" + files::display(path) + ")";
 }
 
 bool path_exists(const std::string& path) {
@@ -99,14 +117,25 @@ npy::Array load_key_lengths(const std::string& path, std::int64_t B, bool unbatc
   return lengths;
 }
 
-void check_distinct_outputs(const std::vector<std::pair<const char*, std::string>>& outputs) {
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    for (std::size_t j = i + 1; j < outputs.size(); ++j) {
-      if (!outputs[i].second.empty() && outputs[i].second == outputs[j].second) {
-        fail(std::string(outputs[i].first) + " and " + outputs[j].first + " name the same file '" +
-             outputs[i].second + "'");
-      }
+void check_files(const NamedPaths& outputs, const NamedPaths& inputs) {
+  auto clash = [](const std::pair<const char*, std::string>& a,
+                  const std::pair<const char*, std::string>& b, const char* role) {
+    if (a.second.empty() || b.second.empty()) return;
+    bool same = false;
+    try {
+      same = files::same_file(a.second, b.second);
+    } catch (const files::Error&) {
+      return;  // a path that cannot be resolved fails later with its own message
     }
+    if (same) {
+      fail(std::string(a.first) + " '" + files::display(a.second) + "' and " + b.first + " '" +
+           files::display(b.second) + "' are the same file; " + role);
+    }
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      clash(outputs[i], outputs[j], "one output would overwrite the other");
+    for (const auto& in : inputs) clash(outputs[i], in, "the output would overwrite an input");
   }
 }
 
@@ -119,7 +148,8 @@ std::unique_ptr<Context> make_context(int threads) {
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {
   return cmd
       .add_option("--threads", threads,
-                  "Run on exactly N threads (default: all cores). Results do not depend on N")
+                  "Run on N threads (default: all cores; more than the cores runs on the cores). "
+                  "Results do not depend on N")
       ->check(CLI::Range(1, 1 << 16))
       ->type_name("N");
 }

@@ -27,13 +27,14 @@ struct BadInput : std::runtime_error {
 [[noreturn]] void fail(const std::string& message);
 
 // Prints `message` as one line "cpuattn: ..." on stderr (the library's own "cpuattn: " prefix is
-// not repeated, line breaks become spaces).
+// not repeated, line breaks become spaces, other control characters are escaped as \xNN and the
+// line is cut at 4096 bytes): nothing a file name contains can drive the terminal.
 void report(std::string message);
 
 // Runs `body` and sets exit_code: 0 on success, 2 (after report()) on any exception.
 void guarded(int& exit_code, const std::function<void()>& body);
 
-// "Q (q.npy)" for messages.
+// "Q (q.npy)" for messages, the path shown with files::display.
 std::string named(const char* what, const std::string& path);
 
 bool path_exists(const std::string& path);
@@ -53,8 +54,12 @@ npy::Array load_mask(const std::string& path, const std::vector<std::int64_t>& s
 // Reads key lengths: int32/int64 of shape [B]. `unbatched`: the inputs have no batch axis (B = 1).
 npy::Array load_key_lengths(const std::string& path, std::int64_t B, bool unbatched);
 
-// Fails if two of the given (option, path) outputs name the same file; empty paths are skipped.
-void check_distinct_outputs(const std::vector<std::pair<const char*, std::string>>& outputs);
+// (option, path) pairs; an empty path is an option not given.
+using NamedPaths = std::vector<std::pair<const char*, std::string>>;
+// Fails before anything runs if two outputs, or an output and an input, are the same file
+// (files::same_file: device and inode, or the same name in the same directory; symlinks followed),
+// so one output never silently overwrites another or an input. Inputs may share a file.
+void check_files(const NamedPaths& outputs, const NamedPaths& inputs);
 
 // An owned context on `threads` threads (0 = the caller's arena) with the default context's
 // target, so that CPUATTN_TARGET still applies. Owning it frees its scratch memory at exit; the

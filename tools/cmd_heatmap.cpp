@@ -1,7 +1,7 @@
 // `cpuattn heatmap`: one head's attention weights as a PNG heatmap (and, with token labels, an
 // SVG). The rendering is in heatmap.h; this file reads and checks the inputs. Everything is
-// checked and rendered in memory before anything is written; the SVG is written before the PNG
-// and removed again if the PNG cannot be written, so a failed run leaves neither behind.
+// checked and rendered in memory before anything is written; the PNG and the SVG are then
+// committed together (files.h), so a failed run writes neither.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +17,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
+#include "files.h"
 #include "heatmap.h"
 #include "npy.h"
 
@@ -63,8 +64,12 @@ void run(const HeatmapArgs& a) {
   const bool svg = !a.row_labels.empty() || !a.col_labels.empty();
   const std::string svg_path = svg ? heatmap::svg_path_for(a.out) : std::string();
   if (svg && svg_path == a.out) {
-    fail("--out '" + a.out + "' ends in .svg, which is where the SVG goes; name the PNG *.png");
+    fail("--out '" + files::display(a.out) +
+         "' ends in .svg, which is where the SVG goes; name the PNG *.png");
   }
+  check_files(
+      {{"--out", a.out}, {"the SVG (from --out)", svg_path}},
+      {{"--weights", a.weights}, {"--row-labels", a.row_labels}, {"--col-labels", a.col_labels}});
 
   // ---- The weights and the slice to draw.
   const std::string what = "W (" + a.weights + ")";
@@ -136,20 +141,18 @@ void run(const HeatmapArgs& a) {
     fail(std::string(e.what()) + (a.cell > 1 ? "; try a smaller --cell" : ""));
   }
 
-  // ---- Files: the PNG last; if it fails, the SVG goes too.
-  if (svg) heatmap::write_file(svg_path, svg_text);
-  try {
-    heatmap::write_file(a.out, png);
-  } catch (...) {
-    if (svg) ::unlink(svg_path.c_str());
-    throw;
-  }
+  // ---- Files: both staged, then committed together; an existing SVG is untouched if the PNG
+  // cannot be written.
+  files::OutputFiles outputs;
+  if (svg) outputs.stage(svg_path, svg_text);
+  outputs.stage(a.out, std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
+  outputs.commit();
   char scale[32];
   std::snprintf(scale, sizeof scale, "%.4g", static_cast<double>(heatmap::scale_max(m)));
   std::printf("wrote %s (%d x %d px: %lld x %lld cells of %d px, colour scale 0 to %s)\n",
-              a.out.c_str(), layout.width, layout.height, static_cast<long long>(Lq),
-              static_cast<long long>(Lk), layout.cell, scale);
-  if (svg) std::printf("wrote %s\n", svg_path.c_str());
+              files::display(a.out).c_str(), layout.width, layout.height,
+              static_cast<long long>(Lq), static_cast<long long>(Lk), layout.cell, scale);
+  if (svg) std::printf("wrote %s\n", files::display(svg_path).c_str());
 }
 
 }  // namespace

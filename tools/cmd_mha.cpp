@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/layers.h"
+#include "files.h"
 #include "npy.h"
 
 namespace cpuattn::cli {
@@ -89,7 +90,17 @@ void run(const MhaArgs& a) {
         "--decode-steps decodes self-attention through a KV cache; it cannot be combined with "
         "--xkv (cross attention)");
   }
-  check_distinct_outputs({{"--out", a.out}, {"--weights", a.weights}});
+  check_files({{"--out", a.out}, {"--weights", a.weights}}, {{"--x", a.x},
+                                                             {"--xkv", a.xkv},
+                                                             {"--wq", a.wq},
+                                                             {"--wk", a.wk},
+                                                             {"--wv", a.wv},
+                                                             {"--wo", a.wo},
+                                                             {"--bq", a.bq},
+                                                             {"--bk", a.bk},
+                                                             {"--bv", a.bv},
+                                                             {"--bo", a.bo},
+                                                             {"--key-lengths", a.key_lengths}});
 
   // ---- Inputs.
   const char* const tokens = "rank 2 [L, d_model] or 3 [B, L, d_model]";
@@ -196,9 +207,11 @@ void run(const MhaArgs& a) {
     mha.forward(xv, ov, opts, context.get());
   }
 
-  // ---- Files: OUT last.
-  if (!a.weights.empty()) npy::write(a.weights, weights);
-  if (!a.out.empty()) npy::write(a.out, out);
+  // ---- Files: committed together.
+  files::OutputFiles outputs;
+  if (!a.weights.empty()) outputs.stage(a.weights, npy::as_bytes(a.weights, weights));
+  if (!a.out.empty()) outputs.stage(a.out, npy::as_bytes(a.out, out));
+  outputs.commit();
 }
 
 }  // namespace

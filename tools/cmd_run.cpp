@@ -6,8 +6,8 @@
 // --kind additive / multiplicative: Bahdanau / Luong attention of decoder states H over encoder
 // states S (cpuattn/layers.h). Inputs of rank 2 [L, F] are one batch; outputs keep H's rank.
 //
-// Everything is computed in memory before anything is written, and every file is written
-// atomically, OUT last, so a failed run leaves no OUT behind.
+// Everything is computed in memory before anything is written; then every output is staged and
+// all are committed together (files.h), so a failed run writes none of them.
 #include <tbb/task_arena.h>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/layers.h"
+#include "files.h"
 #include "npy.h"
 
 namespace cpuattn::cli {
@@ -88,15 +89,18 @@ void run_sdpa(const RunArgs& a) {
   // ---- Options that need no file.
   AttentionOptions opts;
   if (a.scale_opt->count() > 0) {
-    if (!std::isfinite(a.scale) || a.scale <= 0) {
-      fail("--scale must be finite and > 0, got " + a.scale_opt->as<std::string>());
+    if (!(a.scale >= kMinScale && a.scale <= kMaxScale)) {
+      fail("--scale must be in [1.18e-38, 2.36e38] (finite, > 0, representable in float32), got " +
+           a.scale_opt->as<std::string>());
     }
     opts.scale = a.scale;
   } else if (a.temperature_opt->count() > 0) {
     const double s = 1.0 / a.temperature;
-    if (!std::isfinite(a.temperature) || a.temperature <= 0 || !std::isfinite(s)) {
-      fail("--temperature must be finite and > 0 (scale = 1/T), got " +
-           a.temperature_opt->as<std::string>());
+    if (!std::isfinite(a.temperature) || a.temperature <= 0 ||
+        !(s >= kMinScale && s <= kMaxScale)) {
+      fail(
+          "--temperature must be in [4.24e-39, 8.5e37] (scale = 1/T in [1.18e-38, 2.36e38]), got " +
+          a.temperature_opt->as<std::string>());
     }
     opts.scale = s;
   } else if (a.no_scale) {
@@ -109,7 +113,12 @@ void run_sdpa(const RunArgs& a) {
     fail("--mask must be 'causal', 'causal-bottom-right' or an existing .npy file; got '" + a.mask +
          "'");
   }
-  check_distinct_outputs({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}});
+  check_files({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}},
+              {{"--q", a.q},
+               {"--k", a.k},
+               {"--v", a.v},
+               {"--mask", mask_is_file ? a.mask : std::string()},
+               {"--key-lengths", a.key_lengths}});
 
   // ---- Inputs.
   const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
@@ -164,10 +173,12 @@ void run_sdpa(const RunArgs& a) {
     attention(qv, kv, vv, ov, opts, context.get());
   }
 
-  // ---- Files: OUT last, so that OUT exists only if every output was written.
-  if (!a.weights.empty()) npy::write(a.weights, weights);
-  if (!a.lse.empty()) npy::write(a.lse, lse);
-  npy::write(a.out, out);
+  // ---- Files: all staged, then committed together, so that none is written if one fails.
+  files::OutputFiles outputs;
+  if (!a.weights.empty()) outputs.stage(a.weights, npy::as_bytes(a.weights, weights));
+  if (!a.lse.empty()) outputs.stage(a.lse, npy::as_bytes(a.lse, lse));
+  outputs.stage(a.out, npy::as_bytes(a.out, out));
+  outputs.commit();
 }
 
 // A weight matrix [rows, cols] or vector [n] of an alignment model.
@@ -181,7 +192,17 @@ void run_align(const RunArgs& a, unsigned kind) {
     fail("--mask " + a.mask + " is only for --kind sdpa; --kind " + kind_name(kind) +
          " takes a .npy mask broadcastable to [B, Lq, Lk]");
   }
-  check_distinct_outputs({{"--out", a.out}, {"--weights", a.weights}});
+  check_files({{"--out", a.out}, {"--weights", a.weights}}, {{"--h", a.h},
+                                                             {"--s", a.s},
+                                                             {"--values", a.values},
+                                                             {"--w1", a.w1},
+                                                             {"--w2", a.w2},
+                                                             {"--va", a.va},
+                                                             {"--b1", a.b1},
+                                                             {"--b2", a.b2},
+                                                             {"--w", a.w},
+                                                             {"--mask", a.mask},
+                                                             {"--key-lengths", a.key_lengths}});
 
   // ---- The model (its constructor checks the weights against each other).
   std::optional<AdditiveAttention> additive;
@@ -250,9 +271,11 @@ void run_align(const RunArgs& a, unsigned kind) {
     multiplicative->forward(hv, sv, ov, opts, context.get());
   }
 
-  // ---- Files: OUT last.
-  if (!a.weights.empty()) npy::write(a.weights, weights);
-  npy::write(a.out, out);
+  // ---- Files: committed together.
+  files::OutputFiles outputs;
+  if (!a.weights.empty()) outputs.stage(a.weights, npy::as_bytes(a.weights, weights));
+  outputs.stage(a.out, npy::as_bytes(a.out, out));
+  outputs.commit();
 }
 
 void run(const RunArgs& a) {

@@ -2,6 +2,7 @@
 #include "heatmap.h"
 
 #include <png.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <new>
 #include <sstream>
 
+#include "files.h"
 #include "npy.h"
 
 namespace cpuattn::heatmap {
@@ -491,19 +493,47 @@ std::vector<std::string> parse_labels(std::string_view text) {
 }
 
 std::vector<std::string> read_labels(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path + ": cannot open: " + errno_text(errno));
   std::string text;
-  char buf[1 << 16];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const int err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (err != 0) fail(path + ": cannot read: " + errno_text(err));
+  try {
+    const auto [fd, size] = files::open_input(path);
+    try {
+      if (size > kMaxLabelsBytes) {
+        throw files::Error("is " + std::to_string(size) +
+                           " bytes; a labels file may have at most " +
+                           std::to_string(kMaxLabelsBytes));
+      }
+      // Read what the size said plus one byte: a file that grows past the cap while it is read
+      // (or lies about its size, as /proc files do) still stops at the cap.
+      text.resize(size + 1);
+      std::size_t got = 0;
+      for (;;) {
+        if (got == text.size()) {
+          if (text.size() > kMaxLabelsBytes) {
+            throw files::Error("has more than " + std::to_string(kMaxLabelsBytes) +
+                               " bytes; a labels file may have at most that");
+          }
+          text.resize(std::min(kMaxLabelsBytes + 1, 2 * text.size()));
+        }
+        const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw files::Error("cannot read: " + errno_text(errno));
+        if (n == 0) break;
+        got += static_cast<std::size_t>(n);
+      }
+      text.resize(got);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  } catch (const files::Error& e) {
+    const std::string what = e.what(), shown = files::display(path);
+    fail(what.rfind(shown, 0) == 0 ? what : shown + ": " + what);
+  }
   try {
     return parse_labels(text);
   } catch (const Error& e) {
-    fail(path + ": " + e.what());
+    fail(files::display(path) + ": " + e.what());
   }
 }
 

@@ -120,7 +120,12 @@ std::string xml_escape(std::string_view text);
 // Error ("line N ...") for invalid UTF-8 or control characters other than tab, which XML cannot
 // hold.
 std::vector<std::string> parse_labels(std::string_view text);
-// Reads the file at `path` and parses it. Error messages start with "<path>: ".
+// Labels files larger than this are refused (a label per token: 16 MiB is millions of tokens,
+// more than any heatmap can show); /dev/zero or a huge file fails at once instead of filling
+// memory.
+inline constexpr std::size_t kMaxLabelsBytes = std::size_t{16} << 20;
+// Reads the file at `path` (a regular file, at most kMaxLabelsBytes; opened without blocking so
+// a FIFO is an error, not a hang) and parses it. Error messages start with "<path>: ".
 std::vector<std::string> read_labels(const std::string& path);
 
 // `png_path` with its extension replaced by ".svg" ("heat.png" -> "heat.svg", "a.b/heat" ->

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +19,8 @@
 #include <new>
 #include <optional>
 #include <string_view>
+
+#include "files.h"
 
 namespace cpuattn::npy {
 
@@ -31,6 +33,8 @@ constexpr unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 constexpr std::size_t kMagicLen = sizeof(kMagic);
 constexpr std::size_t kMaxDims = 64;  // NumPy 2's NPY_MAXDIMS
 constexpr std::size_t kAlign = 64;    // NumPy aligns the data to 64 bytes
+// read() refuses longer headers (NumPy's own limit is 10000 bytes unless told otherwise).
+constexpr std::size_t kMaxHeaderBytes = std::size_t{1} << 20;
 
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
@@ -264,7 +268,18 @@ std::uint32_t read_le(const unsigned char* p, int n) {
   return v;
 }
 
-Array parse_impl(const unsigned char* bytes, std::size_t size) {
+// What the preamble and header say: the array without its data, where the data starts and how
+// many bytes it needs. Needs the bytes up to the end of the header only.
+struct Prefix {
+  Array array;
+  std::size_t data_start = 0;
+  std::size_t nbytes = 0;
+};
+
+// Bytes of preamble before the header text, once the version is known (at most 12).
+constexpr std::size_t kMaxPreamble = kMagicLen + 2 + 4;
+
+Prefix parse_prefix(const unsigned char* bytes, std::size_t size) {
   if (bytes == nullptr && size != 0) fail("null buffer");
   if (size == 0) fail("not a .npy file (the file is empty)");
   // Magic: compare what is there, so that a short non-npy input is "bad magic", not "truncated".
@@ -291,7 +306,8 @@ Array parse_impl(const unsigned char* bytes, std::size_t size) {
   const Header h = HeaderParser(text).parse();
 
   if (h.descr_is_list) fail("structured dtypes (a list 'descr') are not supported");
-  Array a;
+  Prefix p;
+  Array& a = p.array;
   a.dtype = dtype_from_descr(*h.descr);
   if (*h.fortran_order) {
     fail("Fortran order is not supported; save with np.ascontiguousarray");
@@ -302,24 +318,37 @@ Array parse_impl(const unsigned char* bytes, std::size_t size) {
     fail("shape " + shape_str(a.shape) + " of " + descr(a.dtype) + ": size product overflows");
   }
   const auto numel = static_cast<std::uint64_t>(product(a.shape));
-  const std::size_t available = size - header_start - header_len;
-  if (numel > available / esize) {
-    fail("data is truncated: shape " + shape_str(a.shape) + " of " + descr(a.dtype) + " needs " +
-         std::to_string(numel) + " elements of " + std::to_string(esize) + " bytes, the file has " +
-         std::to_string(available) + " bytes of data");
+  if (numel > std::numeric_limits<std::size_t>::max() / esize) {
+    fail("shape " + shape_str(a.shape) + " of " + descr(a.dtype) + ": size product overflows");
   }
-  const std::size_t nbytes = static_cast<std::size_t>(numel) * esize;
-  if (available != nbytes) {
-    fail("data has " + std::to_string(available - nbytes) + " trailing bytes: shape " +
-         shape_str(a.shape) + " of " + descr(a.dtype) + " needs " + std::to_string(nbytes) +
-         " bytes, the file has " + std::to_string(available));
-  }
-  const unsigned char* data = bytes + header_start + header_len;
-  a.data.assign(data, data + nbytes);
-  return a;
+  p.data_start = header_start + header_len;
+  p.nbytes = static_cast<std::size_t>(numel) * esize;
+  return p;
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
+// The file holds `available` bytes after the header: exactly what the header demands, or Error.
+void check_data_size(const Prefix& p, std::size_t available) {
+  const Array& a = p.array;
+  const std::size_t esize = element_size(a.dtype);
+  if (p.nbytes > available) {
+    fail("data is truncated: shape " + shape_str(a.shape) + " of " + descr(a.dtype) + " needs " +
+         std::to_string(p.nbytes / esize) + " elements of " + std::to_string(esize) +
+         " bytes, the file has " + std::to_string(available) + " bytes of data");
+  }
+  if (available != p.nbytes) {
+    fail("data has " + std::to_string(available - p.nbytes) + " trailing bytes: shape " +
+         shape_str(a.shape) + " of " + descr(a.dtype) + " needs " + std::to_string(p.nbytes) +
+         " bytes, the file has " + std::to_string(available));
+  }
+}
+
+Array parse_impl(const unsigned char* bytes, std::size_t size) {
+  Prefix p = parse_prefix(bytes, size);
+  check_data_size(p, size - p.data_start);
+  const unsigned char* data = bytes + p.data_start;
+  p.array.data.assign(data, data + p.nbytes);
+  return std::move(p.array);
+}
 
 }  // namespace
 
@@ -429,36 +458,55 @@ Array parse(const unsigned char* bytes, std::size_t size) {
 }
 
 Array read(const std::string& path) {
+  const std::string shown = files::display(path);
   try {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("cannot open: " + errno_text(errno));
-    std::vector<unsigned char> bytes;
+    const auto [fd, size] = files::open_input(path);
     try {
-      struct stat st {};
-      if (::fstat(fd, &st) != 0) fail("cannot stat: " + errno_text(errno));
-      if (S_ISDIR(st.st_mode)) fail("is a directory, not a .npy file");
-      if (!S_ISREG(st.st_mode)) fail("not a regular file");
-      bytes.resize(static_cast<std::size_t>(st.st_size));
-      std::size_t got = 0;
-      while (got < bytes.size()) {
-        const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) fail("cannot read: " + errno_text(errno));
-        if (n == 0) fail("file shrank while it was being read");
-        got += static_cast<std::size_t>(n);
+      // The preamble and header first, then the data buffer sized from the header: a sparse
+      // 3 GB file with a tiny header must fail on its size, not allocate 3 GB first.
+      std::vector<unsigned char> head(std::min(size, kMaxPreamble));
+      files::read_exact(fd, head.data(), head.size());
+      std::size_t header_end = head.size();
+      if (head.size() >= kMagicLen + 2 && std::equal(kMagic, kMagic + kMagicLen, head.begin()) &&
+          head[6] >= 1 && head[6] <= 3) {
+        const std::size_t len_bytes = head[6] == 1 ? 2 : 4;
+        if (head.size() >= kMagicLen + 2 + len_bytes) {
+          const std::size_t header_len =
+              read_le(head.data() + kMagicLen + 2, static_cast<int>(len_bytes));
+          header_end = std::min(size, kMagicLen + 2 + len_bytes + header_len);
+        }
       }
+      if (header_end > kMaxHeaderBytes) {
+        fail("header of " + std::to_string(header_end) + " bytes is too long (at most " +
+             std::to_string(kMaxHeaderBytes) + ")");
+      }
+      const std::size_t have = head.size();
+      if (header_end > have) {
+        head.resize(header_end);
+        files::read_exact(fd, head.data() + have, header_end - have);
+      }
+      Prefix p = parse_prefix(head.data(), head.size());
+      check_data_size(p, size - p.data_start);
+      p.array.data.resize(p.nbytes);
+      if (::lseek(fd, static_cast<off_t>(p.data_start), SEEK_SET) < 0) {
+        fail(std::string("cannot seek: ") + std::strerror(errno));
+      }
+      files::read_exact(fd, p.array.data.data(), p.nbytes);
+      ::close(fd);
+      return std::move(p.array);
     } catch (...) {
       ::close(fd);
       throw;
     }
-    ::close(fd);
-    return parse(bytes.data(), bytes.size());
+  } catch (const files::Error& e) {
+    const std::string what = e.what();
+    throw Error(what.rfind(shown, 0) == 0 ? what : shown + ": " + what);
   } catch (const Error& e) {
-    throw Error(path + ": " + e.what());
+    throw Error(shown + ": " + e.what());
   } catch (const std::bad_alloc&) {
-    throw Error(path + ": out of memory reading the file");
+    throw Error(shown + ": out of memory reading the file");
   } catch (const std::exception& e) {
-    throw Error(path + ": " + e.what());
+    throw Error(shown + ": " + e.what());
   }
 }
 
@@ -505,54 +553,25 @@ std::vector<unsigned char> serialize(const Array& a, int version) {
 }
 
 void write(const std::string& path, const Array& array) {
-  std::vector<unsigned char> bytes;
+  write_bytes(path, as_bytes(path, array));
+}
+
+std::string as_bytes(const std::string& path, const Array& array) {
   try {
-    bytes = serialize(array);
+    const std::vector<unsigned char> bytes = serialize(array);
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   } catch (const Error& e) {
-    throw Error(path + ": " + e.what());
+    throw Error(files::display(path) + ": " + e.what());
   } catch (const std::bad_alloc&) {
-    throw Error(path + ": out of memory");
+    throw Error(files::display(path) + ": out of memory");
   }
-  write_bytes(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 void write_bytes(const std::string& path, std::string_view bytes) {
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) throw Error(path + ": is a directory, not a file name");
-
-  static std::atomic<unsigned> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = dir + "." + base + ".tmp-" + std::to_string(::getpid()) + "-" +
-          std::to_string(counter.fetch_add(1));
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) {
-      throw Error(path + ": cannot create a temporary file in its directory: " + errno_text(errno));
-    }
-  }
-  if (fd < 0) throw Error(path + ": cannot create a temporary file in its directory");
-
-  std::string error;
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error = "cannot write: " + errno_text(n < 0 ? errno : EIO);
-      break;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0 && error.empty()) error = "cannot write: " + errno_text(errno);
-  if (error.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = "cannot rename the temporary file into place: " + errno_text(errno);
-  }
-  if (!error.empty()) {
-    ::unlink(tmp.c_str());
-    throw Error(path + ": " + error);
+  try {
+    files::write_file(path, bytes);
+  } catch (const files::Error& e) {
+    throw Error(e.what());
   }
 }
 

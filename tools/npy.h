@@ -58,18 +58,23 @@ Array zeros(DType dtype, std::vector<std::int64_t> shape);
 
 // Parses a whole .npy file held in memory.
 Array parse(const unsigned char* bytes, std::size_t size);
-// Reads and parses the file at `path`. Error messages start with "<path>: ".
+// Reads and parses the file at `path`: a regular file only (opened without blocking, so a FIFO
+// is an error, not a hang), header first, so that the data buffer is sized from the header
+// after checking it against the file's size. Error messages start with "<path>: " (path shown
+// with files::display).
 Array read(const std::string& path);
 
 // The bytes of a .npy file holding `array`. version 0 picks the oldest format that can hold the
 // header (1.0 almost always); 1, 2 or 3 force that version. The header is padded so that the data
 // starts at a multiple of 64 bytes, as NumPy does. Throws Error for an inconsistent Array.
 std::vector<unsigned char> serialize(const Array& array, int version = 0);
-// Writes `array` to `path` atomically: the bytes go to a temporary file in the same directory,
-// which is then renamed over `path`. On failure the temporary file is removed, `path` is left as
-// it was, and Error is thrown.
+// Writes `array` to `path` as files::write_file does (files.h: atomic replacement through a
+// temporary in the target's directory, symlinks followed, special files written in place). On
+// failure `path` is left as it was and Error is thrown.
 void write(const std::string& path, const Array& array);
-// The same for any bytes (the heatmap's PNG and SVG): temporary file, then rename().
+// The bytes write() would write, with errors naming `path` (to stage several outputs).
+std::string as_bytes(const std::string& path, const Array& array);
+// The same for any bytes (the heatmap's PNG and SVG).
 void write_bytes(const std::string& path, std::string_view bytes);
 
 // ---- Typed helpers -------------------------------------------------------------------------
