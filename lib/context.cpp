@@ -52,7 +52,14 @@ Context::Context(int num_threads) : impl_(std::make_unique<Impl>()) {
 Context::~Context() = default;
 
 int Context::num_threads() const { return impl_->num_threads; }
-void Context::set_max_target(Target target) { impl_->max_target.store(target); }
+void Context::set_max_target(Target target) {
+  // Found by fuzz_validate: a value outside the enum indexed kernels_for()'s table out of bounds.
+  if (static_cast<unsigned>(target) > static_cast<unsigned>(Target::best)) {
+    throw Error("cpuattn: set_max_target: " + std::to_string(static_cast<int>(target)) +
+                " is not a Target (scalar, sse4, avx2, avx512 or best)");
+  }
+  impl_->max_target.store(target);
+}
 Target Context::max_target() const { return impl_->max_target.load(); }
 
 void Context::set_scratch_limit(std::size_t bytes) { impl_->scratch_limit.store(bytes); }

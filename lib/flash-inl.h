@@ -258,10 +258,14 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
         const std::int64_t dims = std::min<std::int64_t>(N, g.D - d0);
         typename O::V r[N];
         for (int w = 0; w < N; ++w) {
-          const float* src = K + (j0 + w0 + w) * p.k.s[2] + d0;
           if (w >= keys) {
+            // A padding key: no address is formed for it (with a huge key stride, legal when
+            // Lk = 1, K + key * stride overflowed the pointer; found by fuzz_validate).
             r[w] = O::Zero();
-          } else if (dims == N) {
+            continue;
+          }
+          const float* src = K + (j0 + w0 + w) * p.k.s[2] + d0;
+          if (dims == N) {
             r[w] = O::LoadU(src);
           } else {
             alignas(64) float tmp[N] = {};

@@ -69,9 +69,11 @@ Extent extent_of(const char* name, const TensorView& t) {
       fail(std::string(name) + " " + shape_str(t) + ": size or offsets overflow 64 bits");
     }
   }
-  std::int64_t bytes = 0;
+  std::int64_t bytes = 0, elements = 0;
   const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
-  if (__builtin_mul_overflow(last + 1, esize, &bytes) ||
+  // last + 1 overflows when the largest offset is INT64_MAX (found by fuzz_validate).
+  if (__builtin_add_overflow(last, 1, &elements) ||
+      __builtin_mul_overflow(elements, esize, &bytes) ||
       static_cast<std::uint64_t>(bytes) >
           std::numeric_limits<std::uintptr_t>::max() - reinterpret_cast<std::uintptr_t>(t.data)) {
     fail(std::string(name) + " " + shape_str(t) + ": size or offsets overflow the address space");
@@ -231,6 +233,12 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     p.scale = s;
   } else {
     p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));
+  }
+  if (opts.causal != Causal::none && opts.causal != Causal::top_left &&
+      opts.causal != Causal::bottom_right) {
+    // Found by fuzz_validate: a value outside the enum was taken as `none`.
+    fail("causal must be Causal::none, top_left or bottom_right, got the value " +
+         std::to_string(static_cast<int>(opts.causal)));
   }
   p.causal = opts.causal;
 

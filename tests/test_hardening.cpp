@@ -186,6 +186,27 @@ TEST(MhaOverlap, WeightsOrLseOverlappingOutOrInputIsAnError) {
   EXPECT_NO_THROW(m.mha.forward(x, m.out(), ok));
 }
 
+TEST(Strides, HugeStrideOnASizeOneKeyAxis) {
+  // Found by fuzz_validate: a stride is never used on an axis of size 1, so any value is legal,
+  // but packing formed K + key * stride for the padding keys too (a pointer overflow UBSan
+  // reports). Lk = 1 on every target against the reference.
+  const auto q = random_floats(2 * 3 * 5 * 7, 31), k = random_floats(2 * 7, 32),
+             v = random_floats(2 * 6, 33);
+  TensorView kv = f32_view(k.data(), {2, 1, 1, 7}), vv = f32_view(v.data(), {2, 1, 1, 6});
+  kv.strides[2] = vv.strides[2] = std::int64_t{1} << 60;
+  std::vector<float> want(2 * 3 * 5 * 6);
+  const TensorView qv = f32_view(q.data(), {2, 3, 5, 7});
+  reference_attention(qv, kv, vv, f32_view(want.data(), {2, 3, 5, 6}));
+  for (Target t : machine_targets()) {
+    Context ctx(1);
+    ctx.set_max_target(t);
+    std::vector<float> out(want.size());
+    attention(qv, kv, vv, f32_view(out.data(), {2, 3, 5, 6}), {}, &ctx);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], want[i], 1e-6) << target_name(t) << " element " << i;
+  }
+}
+
 // ---- Scratch memory: bounded and releasable ---------------------------------------------------
 
 // A call that needs megabytes of scratch: an MHA layer's projections and head outputs.

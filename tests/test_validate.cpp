@@ -187,6 +187,25 @@ TEST(Validate, OptionalOutputs) {
       {"weights has shape", "[2,4,3,5]"});
 }
 
+TEST(Validate, EnumValuesOutsideTheEnum) {
+  // Found by fuzz_validate: an out-of-range Causal was taken as none, and an out-of-range Target
+  // indexed the dispatch table out of bounds.
+  expect_error([](Args& a) { a.opts.causal = static_cast<Causal>(7); }, {"causal must be"});
+  Context c(1);
+  EXPECT_THROW(c.set_max_target(static_cast<Target>(9)), Error);
+  EXPECT_EQ(c.max_target(), Target::best);
+}
+
+TEST(Validate, LargestOffsetExactlyInt64Max) {
+  // Found by fuzz_validate: extent_of computed last + 1 without a check (signed overflow).
+  expect_error(
+      [](Args& a) {
+        // K [2,2,5,8] with strides {s0, 40, 8, 1}: the largest offset is s0 + 40 + 32 + 7.
+        a.kv.strides[0] = std::numeric_limits<std::int64_t>::max() - 79;
+      },
+      {"K", "overflow"});
+}
+
 TEST(Validate, ContextAndTargets) {
   EXPECT_THROW(Context(-1), Error);
   EXPECT_THROW(parse_target("avx1024"), Error);
