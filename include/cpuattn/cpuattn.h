@@ -16,7 +16,8 @@
 //   * key lengths [B]:      keys at positions >= key_lengths[b] are masked (padded batches)
 // A row whose every key is masked gives out = 0 and lse = -inf (weights 0). An additive mask of
 // finite values (e.g. -1e9) is plain arithmetic: a row that is -1e9 everywhere averages V.
-// NaN or Inf in the inputs only affect the rows they reach.
+// NaN or Inf in the inputs only affect the rows they reach (the fast path also lets a NaN or
+// Inf in V at a masked key, or a +inf score under an additive -inf, make that row NaN).
 //
 // Every entry point validates all arguments before it writes anything: on bad input it throws
 // cpuattn::Error, whose message names the argument and the shapes, and leaves outputs untouched.
