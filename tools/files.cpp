@@ -199,13 +199,13 @@ std::pair<int, std::size_t> open_input(const std::string& path) {
   return {fd, static_cast<std::size_t>(st.st_size)};
 }
 
-void read_exact(int fd, unsigned char* out, std::size_t n) {
+void read_exact(int fd, unsigned char* out, std::size_t n, const std::string& path) {
   std::size_t got = 0;
   while (got < n) {
     const ssize_t r = ::read(fd, out + got, n - got);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw Error("cannot read: " + errno_text(errno));
-    if (r == 0) throw Error("the file shrank while it was being read");
+    if (r < 0) fail(path, "cannot read: " + errno_text(errno));
+    if (r == 0) fail(path, "the file shrank while it was being read");
     got += static_cast<std::size_t>(r);
   }
 }
@@ -267,23 +267,25 @@ void OutputFiles::stage(const std::string& path, std::string_view bytes) {
     s.tmp.clear();
     fail(path, "cannot create a temporary file in " + display(dir));
   }
-  std::string error;
+  std::string error;  // the first failure, a whole message naming `path`
+  const auto failed = [&](const std::string& why) {
+    if (error.empty()) error = display(path) + ": " + why + errno_text(errno);
+  };
   try {
     write_all(fd, bytes, path);
   } catch (const Error& e) {
     error = e.what();
   }
   if (error.empty() && exists) {
-    if (::fchmod(fd, st.st_mode & 07777) != 0) error = "cannot set the mode: " + errno_text(errno);
+    if (::fchmod(fd, st.st_mode & 07777) != 0) failed("cannot set the mode: ");
     if (error.empty() && ::geteuid() == 0 && ::fchown(fd, st.st_uid, st.st_gid) != 0)
-      error = "cannot set the owner: " + errno_text(errno);
+      failed("cannot set the owner: ");
   }
-  if (error.empty() && ::fsync(fd) != 0) error = "cannot write: " + errno_text(errno);
-  if (::close(fd) != 0 && error.empty()) error = "cannot write: " + errno_text(errno);
+  if (error.empty() && ::fsync(fd) != 0) failed("cannot write: ");
+  if (::close(fd) != 0) failed("cannot write: ");
   if (!error.empty()) {
     remove_temporary(s.tmp);
-    if (error.rfind(display(path), 0) == 0) throw Error(error);
-    fail(path, error);
+    throw Error(error);
   }
   staged_.push_back(std::move(s));
 }

@@ -52,8 +52,9 @@ bool same_file(const std::string& a, const std::string& b);
 // Opens `path` for reading without blocking and checks that it is a regular file. Returns the
 // descriptor and the file's size. Throws Error("<path>: ...") otherwise.
 std::pair<int, std::size_t> open_input(const std::string& path);
-// Reads exactly n bytes from fd into out; Error if the file ends first.
-void read_exact(int fd, unsigned char* out, std::size_t n);
+// Reads exactly n bytes from fd into out; Error("<path>: ...") if the file ends first. Every
+// files::Error message starts with the path it concerns.
+void read_exact(int fd, unsigned char* out, std::size_t n, const std::string& path);
 
 class OutputFiles {
  public:

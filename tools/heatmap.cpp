@@ -498,9 +498,8 @@ std::vector<std::string> read_labels(const std::string& path) {
     const auto [fd, size] = files::open_input(path);
     try {
       if (size > kMaxLabelsBytes) {
-        throw files::Error("is " + std::to_string(size) +
-                           " bytes; a labels file may have at most " +
-                           std::to_string(kMaxLabelsBytes));
+        fail(files::display(path) + ": is " + std::to_string(size) +
+             " bytes; a labels file may have at most " + std::to_string(kMaxLabelsBytes));
       }
       // Read what the size said plus one byte: a file that grows past the cap while it is read
       // (or lies about its size, as /proc files do) still stops at the cap.
@@ -509,14 +508,14 @@ std::vector<std::string> read_labels(const std::string& path) {
       for (;;) {
         if (got == text.size()) {
           if (text.size() > kMaxLabelsBytes) {
-            throw files::Error("has more than " + std::to_string(kMaxLabelsBytes) +
-                               " bytes; a labels file may have at most that");
+            fail(files::display(path) + ": has more than " + std::to_string(kMaxLabelsBytes) +
+                 " bytes; a labels file may have at most that");
           }
           text.resize(std::min(kMaxLabelsBytes + 1, 2 * text.size()));
         }
         const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw files::Error("cannot read: " + errno_text(errno));
+        if (n < 0) fail(files::display(path) + ": cannot read: " + errno_text(errno));
         if (n == 0) break;
         got += static_cast<std::size_t>(n);
       }
@@ -527,8 +526,7 @@ std::vector<std::string> read_labels(const std::string& path) {
     }
     ::close(fd);
   } catch (const files::Error& e) {
-    const std::string what = e.what(), shown = files::display(path);
-    fail(what.rfind(shown, 0) == 0 ? what : shown + ": " + what);
+    fail(e.what());  // open_input's message names the path
   }
   try {
     return parse_labels(text);

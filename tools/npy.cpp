@@ -465,7 +465,7 @@ Array read(const std::string& path) {
       // The preamble and header first, then the data buffer sized from the header: a sparse
       // 3 GB file with a tiny header must fail on its size, not allocate 3 GB first.
       std::vector<unsigned char> head(std::min(size, kMaxPreamble));
-      files::read_exact(fd, head.data(), head.size());
+      files::read_exact(fd, head.data(), head.size(), path);
       std::size_t header_end = head.size();
       if (head.size() >= kMagicLen + 2 && std::equal(kMagic, kMagic + kMagicLen, head.begin()) &&
           head[6] >= 1 && head[6] <= 3) {
@@ -483,7 +483,7 @@ Array read(const std::string& path) {
       const std::size_t have = head.size();
       if (header_end > have) {
         head.resize(header_end);
-        files::read_exact(fd, head.data() + have, header_end - have);
+        files::read_exact(fd, head.data() + have, header_end - have, path);
       }
       Prefix p = parse_prefix(head.data(), head.size());
       check_data_size(p, size - p.data_start);
@@ -491,7 +491,7 @@ Array read(const std::string& path) {
       if (::lseek(fd, static_cast<off_t>(p.data_start), SEEK_SET) < 0) {
         fail(std::string("cannot seek: ") + std::strerror(errno));
       }
-      files::read_exact(fd, p.array.data.data(), p.nbytes);
+      files::read_exact(fd, p.array.data.data(), p.nbytes, path);
       ::close(fd);
       return std::move(p.array);
     } catch (...) {
@@ -499,8 +499,7 @@ Array read(const std::string& path) {
       throw;
     }
   } catch (const files::Error& e) {
-    const std::string what = e.what();
-    throw Error(what.rfind(shown, 0) == 0 ? what : shown + ": " + what);
+    throw Error(e.what());  // already names the path
   } catch (const Error& e) {
     throw Error(shown + ": " + e.what());
   } catch (const std::bad_alloc&) {
