@@ -1,7 +1,8 @@
-// Google Benchmark suite: the fused kernel on every SIMD target this CPU supports, against the
-// double-precision reference, on the project's named shapes. Rates are reported as counters
+// Google Benchmark suite: the fused kernel on every SIMD provider and target this CPU supports,
+// against the unfused baseline and the double-precision reference, on the project's named shapes
+// (bench/support/shapes.h, the table `cpuattn bench` uses). Rates are reported as counters
 // (FLOP/s, and bytes/s of K+V read for decode shapes).
-//   build/release/bench/bench_attention --benchmark_filter='Fused/P1'
+//   build/release/bench/bench_attention --benchmark_filter='Fused/P1/highway'
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -9,35 +10,23 @@
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
-#include "kernel.h"
-#include "problem.h"
+#include "probes.h"
+#include "shapes.h"
 
 namespace {
 
 using cpuattn::Target;
 
-struct Shape {
-  const char* name;
-  std::int64_t B, H, Hkv, Lq, Lk, D;
-  bool causal;
-  double flops() const {
-    return causal ? 4.0 * B * H * D * Lq * (Lq + 1) / 2 : 4.0 * B * H * Lq * Lk * D;
-  }
-};
-
-const Shape kShapes[] = {
-    {"S1", 32, 12, 12, 128, 128, 64, false},  {"P1", 1, 16, 16, 2048, 2048, 64, false},
-    {"P2", 1, 16, 16, 2048, 2048, 128, true}, {"X1", 8, 8, 8, 64, 1024, 64, false},
-    {"D1", 4, 32, 8, 1, 4096, 128, false},    {"D2", 8, 32, 8, 1, 16384, 128, false},
-};
+using cpuattn::Simd;
+using Shape = cpuattn::bench::Shape;
 
 struct Data {
   std::vector<float> q, k, v, out;
   explicit Data(const Shape& s)
       : q(s.B * s.H * s.Lq * s.D),
         k(s.B * s.Hkv * s.Lk * s.D),
-        v(s.B * s.Hkv * s.Lk * s.D),
-        out(s.B * s.H * s.Lq * s.D) {
+        v(s.B * s.Hkv * s.Lk * s.Dv),
+        out(s.B * s.H * s.Lq * s.Dv) {
     std::uint32_t x = 12345;
     for (auto* vec : {&q, &k, &v}) {
       for (auto& f : *vec) {
@@ -50,11 +39,13 @@ struct Data {
 
 enum class Impl { fused, unfused, reference };
 
-void run(benchmark::State& state, const Shape& s, Target target, Impl impl) {
+void run(benchmark::State& state, const Shape& s, Simd simd, Target target, Impl impl) {
   cpuattn::Context ctx(static_cast<int>(state.range(0)));
   ctx.set_max_target(target);
-  if (target != Target::best && cpuattn::active_target(&ctx) != target) {
-    state.SkipWithError("target not supported by this CPU");
+  ctx.set_simd(simd);
+  if (target != Target::best &&
+      (cpuattn::active_target(&ctx) != target || cpuattn::active_simd(&ctx) != simd)) {
+    state.SkipWithError("provider or target not supported by this CPU");
     return;
   }
   Data d(s);
@@ -62,18 +53,17 @@ void run(benchmark::State& state, const Shape& s, Target target, Impl impl) {
   opts.causal = s.causal ? cpuattn::Causal::top_left : cpuattn::Causal::none;
   const auto q = cpuattn::f32_view(d.q.data(), {s.B, s.H, s.Lq, s.D});
   const auto k = cpuattn::f32_view(d.k.data(), {s.B, s.Hkv, s.Lk, s.D});
-  const auto v = cpuattn::f32_view(d.v.data(), {s.B, s.Hkv, s.Lk, s.D});
-  const auto o = cpuattn::f32_view(d.out.data(), {s.B, s.H, s.Lq, s.D});
+  const auto v = cpuattn::f32_view(d.v.data(), {s.B, s.Hkv, s.Lk, s.Dv});
+  const auto o = cpuattn::f32_view(d.out.data(), {s.B, s.H, s.Lq, s.Dv});
   // The unfused baseline has no mask support: it runs the causal shapes unmasked, which
   // flatters it (twice the work at the same FLOP count would be counted against it).
-  const auto problem = cpuattn::detail::validate(q, k, v, o, {}, false);
   for (auto _ : state) {
     switch (impl) {
       case Impl::fused:
         cpuattn::attention(q, k, v, o, opts, &ctx);
         break;
       case Impl::unfused:
-        cpuattn::detail::run_unfused(problem, ctx);
+        cpuattn::unfused_attention(q, k, v, o, ctx);
         break;
       case Impl::reference:
         cpuattn::reference_attention(q, k, v, o, opts);
@@ -84,30 +74,35 @@ void run(benchmark::State& state, const Shape& s, Target target, Impl impl) {
   }
   state.counters["FLOP/s"] =
       benchmark::Counter(s.flops(), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["KV_B/s"] = benchmark::Counter(8.0 * s.B * s.Hkv * s.Lk * s.D,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["KV_B/s"] =
+      benchmark::Counter(s.kv_bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 int Register() {
-  for (const Shape& s : kShapes) {
-    for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
-      for (Impl impl : {Impl::fused, Impl::unfused}) {
-        const std::string name = std::string(impl == Impl::fused ? "Fused/" : "Unfused/") + s.name +
-                                 "/" + cpuattn::target_name(t);
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [s, t, impl](benchmark::State& st) { run(st, s, t, impl); })
-            ->ArgName("threads")
-            ->Arg(1)
-            ->Arg(2)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
+  for (const auto& [name_, s] : cpuattn::bench::named_shapes()) {
+    for (Simd simd : {Simd::highway, Simd::xsimd}) {
+      for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+        if (simd == Simd::xsimd && t == Target::scalar) continue;  // xsimd has no scalar unit
+        for (Impl impl : {Impl::fused, Impl::unfused}) {
+          const std::string name = std::string(impl == Impl::fused ? "Fused/" : "Unfused/") +
+                                   s.name + "/" + cpuattn::simd_name(simd) + "/" +
+                                   cpuattn::target_name(t);
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [s, simd, t, impl](benchmark::State& st) { run(st, s, simd, t, impl); })
+              ->ArgName("threads")
+              ->Arg(1)
+              ->Arg(2)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+        }
       }
     }
     // The reference is the oracle, not a contender: measure it on the small shapes only.
     if (s.flops() < 2e9) {
       benchmark::RegisterBenchmark(
           (std::string("Reference/") + s.name).c_str(),
-          [s](benchmark::State& st) { run(st, s, Target::best, Impl::reference); })
+          [s](benchmark::State& st) { run(st, s, Simd::highway, Target::best, Impl::reference); })
           ->ArgName("threads")
           ->Arg(2)
           ->Unit(benchmark::kMillisecond)

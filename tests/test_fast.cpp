@@ -10,7 +10,7 @@
 #include <new>
 #include <thread>
 
-#include "kernel.h"
+#include "probes.h"
 #include "test_util.h"
 
 // Counting allocator hook: counts operator new calls while armed. (GCC cannot see that new and
@@ -153,8 +153,8 @@ struct Inputs {
 };
 
 // Runs the case on the fast path (one target) and the reference; compares out and lse.
-void check_case(const Case& c, Target target, int threads = 0) {
-  SCOPED_TRACE(c.str() + " target " + target_name(target));
+void check_case(const Case& c, const Backend& backend, int threads = 0) {
+  SCOPED_TRACE(c.str() + " on " + backend.name());
   Inputs in(c);
   Tensor4 out(c.B, c.H, c.Lq, c.Dv, c.blhd, c.out_aligned64 ? 15 : c.misalign),
       want(c.B, c.H, c.Lq, c.Dv);
@@ -170,7 +170,7 @@ void check_case(const Case& c, Target target, int threads = 0) {
     ref_opts.lse = f32_view(want_lse.data(), {c.B, c.H, c.Lq});
   }
   Context ctx(threads);
-  ctx.set_max_target(target);
+  backend.apply(ctx);
   attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), fast_opts, &ctx);
   reference_attention(in.q.view(), in.k.view(), in.v.view(), want.out_view(), ref_opts);
 
@@ -199,7 +199,7 @@ void check_case(const Case& c, Target target, int threads = 0) {
   }
 }
 
-class FastPath : public ::testing::TestWithParam<Target> {};
+class FastPath : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(FastPath, SequenceLengths) {
   const std::int64_t Ls[] = {1, 2, 7, 64, 65, 127, 1000};
@@ -342,7 +342,7 @@ TEST_P(FastPath, NanAndInfOnlyAffectTheirRows) {
   in.k.at(0, 0, 100, 0) = std::numeric_limits<float>::infinity();  // reaches every row of head 0
   Tensor4 out(c.B, c.H, c.Lq, c.Dv);
   Context ctx;
-  ctx.set_max_target(GetParam());
+  GetParam().apply(ctx);
   in.opts.causal = Causal::top_left;  // rows < 100 never see key 100
   attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
   for (std::int64_t h = 0; h < c.H; ++h) {
@@ -362,9 +362,8 @@ TEST_P(FastPath, UnfusedBaselineMatchesReference) {
     Inputs in(c);
     Tensor4 got(c.B, c.H, c.Lq, c.Dv), want(c.B, c.H, c.Lq, c.Dv);
     Context ctx;
-    ctx.set_max_target(GetParam());
-    detail::run_unfused(
-        detail::validate(in.q.view(), in.k.view(), in.v.view(), got.out_view(), {}, false), ctx);
+    GetParam().apply(ctx);
+    unfused_attention(in.q.view(), in.k.view(), in.v.view(), got.out_view(), ctx);
     reference_attention(in.q.view(), in.k.view(), in.v.view(), want.out_view());
     const double atol =
         8 * std::numeric_limits<float>::epsilon() * (std::sqrt(double(c.Lk)) + 4 * c.D) + 1e-6;
@@ -372,8 +371,8 @@ TEST_P(FastPath, UnfusedBaselineMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, FastPath, ::testing::ValuesIn(machine_targets()),
-                         [](const auto& info) { return std::string(target_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Backends, FastPath, ::testing::ValuesIn(machine_backends()),
+                         [](const auto& info) { return info.param.name(); });
 
 // Results must not depend on the thread count: the task split is fixed by the shape.
 TEST(Determinism, BitwiseAcrossThreadCounts) {
@@ -428,36 +427,6 @@ TEST(Allocation, SteadyStateCallsDoNotAllocate) {
       attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
     g_count_allocs = false;
     EXPECT_EQ(g_allocs.load(), 0) << c.str();
-  }
-}
-
-// exp2 states: relative error <= 3e-7 on [-126, 127]; below -126.5 exactly 0; NaN stays NaN.
-TEST(Exp2, StatedErrorOnEveryTarget) {
-  for (Target t : machine_targets()) {
-    const detail::KernelInfo& ki = detail::kernels_for(t);
-    SCOPED_TRACE(ki.name);
-    std::vector<float> x;
-    for (double v = -126.0; v <= 127.0; v += 1.0 / 1024) x.push_back(static_cast<float>(v));
-    for (float v : {0.0f, -0.5f, 0.5f, -1e-8f, 1e-8f, -125.999f, 126.9f}) x.push_back(v);
-    std::vector<float> y(x.size());
-    ki.exp2(x.data(), y.data(), x.size());
-    double worst = 0;
-    float worst_x = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      const double want = std::exp2(double(x[i]));
-      const double rel = std::abs(y[i] - want) / want;
-      if (rel > worst) worst = rel, worst_x = x[i];
-    }
-    EXPECT_LE(worst, 3e-7) << "worst at x = " << worst_x;
-    const float special[] = {-std::numeric_limits<float>::infinity(), -1000.0f, -127.0f, -126.6f,
-                             std::numeric_limits<float>::quiet_NaN()};
-    float out[5];
-    ki.exp2(special, out, 5);
-    EXPECT_EQ(out[0], 0.0f);
-    EXPECT_EQ(out[1], 0.0f);
-    EXPECT_EQ(out[2], 0.0f);
-    EXPECT_EQ(out[3], 0.0f);
-    EXPECT_TRUE(std::isnan(out[4]));
   }
 }
 

@@ -107,11 +107,11 @@ double mha_atol(const MhaConfig& c, std::int64_t Lk) {
          (c.d_model + c.heads * c.value_dim + std::sqrt(double(Lk)) * 8);
 }
 
-class MhaTargets : public ::testing::TestWithParam<Target> {};
+class MhaTargets : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(MhaTargets, SelfCausalCrossAndGqaMatchReference) {
   Context ctx(2);
-  ctx.set_max_target(GetParam());
+  GetParam().apply(ctx);
   std::uint32_t seed = 10;
   for (const MhaCase& mc : {MhaCase{40, 4, 2, 10, 12, true}, MhaCase{33, 3, 1, 11, 0, false},
                             MhaCase{64, 8, 8, 0, 0, true}, MhaCase{24, 6, 3, 5, 7, true}}) {
@@ -151,8 +151,8 @@ TEST_P(MhaTargets, SelfCausalCrossAndGqaMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, MhaTargets, ::testing::ValuesIn(machine_targets()),
-                         [](const auto& info) { return std::string(target_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Backends, MhaTargets, ::testing::ValuesIn(machine_backends()),
+                         [](const auto& info) { return info.param.name(); });
 
 // Prefill, single tokens and a chunk through a KvCache give the rows of one causal pass over the
 // whole sequence.
@@ -330,11 +330,11 @@ AlignRef make_align(std::int64_t B, std::int64_t Lq, std::int64_t Lk, std::int64
   return r;
 }
 
-class AlignTargets : public ::testing::TestWithParam<Target> {};
+class AlignTargets : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(AlignTargets, AdditiveAndMultiplicativeMatchReference) {
   Context ctx(2);
-  ctx.set_max_target(GetParam());
+  GetParam().apply(ctx);
   std::uint32_t seed = 300;
   for (std::int64_t B : {1, 3}) {
     for (std::int64_t Lq : {1, 5}) {
@@ -394,8 +394,8 @@ TEST_P(AlignTargets, AdditiveAndMultiplicativeMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, AlignTargets, ::testing::ValuesIn(machine_targets()),
-                         [](const auto& info) { return std::string(target_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Backends, AlignTargets, ::testing::ValuesIn(machine_backends()),
+                         [](const auto& info) { return info.param.name(); });
 
 // The seed's loop (encoder_dim 100, decoder_dim 50, 10 encoder states, 13 decoder steps): one
 // step at a time equals all steps at once, for both kinds, without the weights output. Additive

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -26,6 +27,33 @@ inline std::vector<Target> machine_targets() {
     if (active_target(&c) == t) ts.push_back(t);
   }
   return ts;
+}
+
+// A SIMD provider and a target cap: what a test runs the fast paths on.
+struct Backend {
+  Simd simd;
+  Target target;
+  void apply(Context& c) const {
+    c.set_simd(simd);
+    c.set_max_target(target);
+  }
+  std::string name() const { return std::string(simd_name(simd)) + "_" + target_name(target); }
+};
+
+inline void PrintTo(const Backend& b, std::ostream* os) { *os << b.name(); }
+
+// Every (provider, target) this CPU runs: Highway on every target, xsimd on the SIMD ones.
+inline std::vector<Backend> machine_backends() {
+  std::vector<Backend> bs;
+  for (Simd s : {Simd::highway, Simd::xsimd}) {
+    for (Target t : machine_targets()) {
+      Context c(0);
+      const Backend b{s, t};
+      b.apply(c);
+      if (active_simd(&c) == s) bs.push_back(b);
+    }
+  }
+  return bs;
 }
 
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,

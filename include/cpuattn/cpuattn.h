@@ -185,6 +185,18 @@ const char* target_name(Target target);
 // Parses "scalar", "sse4", "avx2", "avx512" or "best"; throws Error otherwise.
 Target parse_target(const std::string& name);
 
+// The portable SIMD library the kernels are compiled with. Both run the same kernels (same
+// tiling, masking and softmax, written once against one vector contract) and give results within
+// the same stated tolerances; they differ in the instructions each library emits.
+//   highway  Google Highway (the default): every target, including the portable fallback.
+//   xsimd    xsimd, for SSE4.2, AVX2+FMA and AVX-512; below SSE4 (a scalar cap or an old CPU) the
+//            call runs Highway's portable target and active_simd() says so.
+enum class Simd : std::uint8_t { highway, xsimd };
+
+const char* simd_name(Simd simd);
+// Parses "highway" or "xsimd"; throws Error otherwise.
+Simd parse_simd(const std::string& name);
+
 // Execution context: which threads run the fast path, a cap on the SIMD target, and the
 // scratch memory kernels reuse between calls (so steady-state calls do not allocate).
 // A Context may be used by several threads at once (every call, set_max_target and
@@ -210,6 +222,10 @@ class Context {
   // The default context starts from the environment variable CPUATTN_TARGET, if set.
   void set_max_target(Target target);
   Target max_target() const;
+  // Selects the SIMD provider (default highway). The default context starts from the
+  // environment variable CPUATTN_SIMD, if set.
+  void set_simd(Simd simd);
+  Simd simd() const;
 
   // After each use, a thread frees any of its scratch buffers larger than `bytes` (the next call
   // that needs more allocates it again). Default: no limit. Safe to call at any time.
@@ -233,7 +249,9 @@ class Context {
 Context& default_context();
 
 // The fused fast path: f32 in, f32 out. Deterministic: the result does not depend on the
-// number of threads. When opts.weights is requested the call takes the simpler unfused path.
+// number of threads. When opts.weights is requested, the call runs reference_attention()
+// instead (the [B, H, Lq, Lk] weights defeat fusion anyway): out, lse and weights then come from
+// double precision, at the reference's speed and with its O(Lq * Lk) work per head.
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
                const AttentionOptions& opts = {}, Context* context = nullptr);
 
@@ -244,6 +262,8 @@ void reference_attention(const TensorView& q, const TensorView& k, const TensorV
 
 // The SIMD target the fast path would run on with `context` (or the default context).
 Target active_target(const Context* context = nullptr);
+// The SIMD provider it would run with (see Simd: xsimd falls back to highway below SSE4).
+Simd active_simd(const Context* context = nullptr);
 // The targets this CPU and this build support, best first.
 std::string supported_targets();
 

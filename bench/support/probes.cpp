@@ -1,0 +1,136 @@
+#include "probes.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/context_impl.h"
+#include "core/problem.h"
+#include "core/scratch.h"
+#include "dispatch/dispatch.h"
+
+namespace cpuattn {
+namespace detail {
+const ProbeKernels& probe_kernels(const Choice& choice);
+}  // namespace detail
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const detail::ProbeKernels& kernels(const Context* context) {
+  return detail::probe_kernels(detail::choose(context));
+}
+
+void check_threads(int threads) {
+  if (threads < 1) throw Error("cpuattn: threads must be >= 1, got " + std::to_string(threads));
+}
+
+// Runs f(t) on `threads` OS threads released together by a spin barrier, and returns the
+// elapsed seconds of the slowest. Plain threads, not a task arena: a freshly created arena may
+// start before its workers join, and then a "2-thread" probe runs on one thread.
+template <class F>
+double run_concurrently(int threads, F&& f) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<double> seconds(static_cast<std::size_t>(threads), 0.0);
+  auto body = [&](int t) {
+    ready.fetch_add(1);
+    while (!go.load(std::memory_order_acquire)) {
+    }
+    const auto t0 = Clock::now();
+    f(t);
+    seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  while (ready.load() < threads - 1) {
+  }
+  go.store(true, std::memory_order_release);
+  body(0);
+  for (auto& th : pool) th.join();
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
+// Best of 5 repetitions of a probe returning the flops it ran, on `threads` threads, in GFLOP/s.
+template <class Probe>
+double best_gflops(int threads, Probe&& probe) {
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<double> flops(static_cast<std::size_t>(threads), 0.0);
+    const double s = run_concurrently(threads, [&](int t) { flops[t] = probe(); });
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / s * 1e-9);
+  }
+  return best;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(int threads, const Context* context) {
+  check_threads(threads);
+  const detail::ProbeKernels& ki = kernels(context);
+  // About 30 ms a repetition: long enough for the clock to settle at the frequency AVX-512 FMAs
+  // run at, so that % of peak does not depend on what ran before.
+  return best_gflops(threads, [&] { return ki.fma(6'000'000); });
+}
+
+double measure_tile_gflops(int threads, const Context* context) {
+  check_threads(threads);
+  const detail::ProbeKernels& ki = kernels(context);
+  // About 1.2 GFLOP a repetition (~40 ms with AVX-512 on this machine's cores).
+  const double per_rep = ki.tile(1);
+  return best_gflops(threads,
+                     [&] { return ki.tile(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+}
+
+double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {
+  check_threads(threads);
+  const detail::ProbeKernels& ki = kernels(context);
+  const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / 1024 * 1024, 1024);
+  std::unique_ptr<float, decltype(&std::free)> buf(
+      static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
+  if (!buf) throw std::bad_alloc();
+  const std::size_t per = n / threads / 64 * 64;
+  // First touch by the threads that will read, so pages are mapped before timing.
+  run_concurrently(threads,
+                   [&](int t) { std::fill(buf.get() + t * per, buf.get() + (t + 1) * per, 1.0f); });
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<float> sums(static_cast<std::size_t>(threads));
+    const double s = run_concurrently(
+        threads, [&](int t) { sums[t] = ki.read(buf.get() + t * per, per); });
+    for (float x : sums) sink = sink + x;
+    best = std::max(best, double(per) * threads * sizeof(float) / s * 1e-9);
+  }
+  return best;
+}
+
+void unfused_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const OutputView& out, Context& context) {
+  const detail::Problem p = detail::validate(q, k, v, out, {}, /*allow_f64=*/false);
+  const detail::ProbeKernels& ki = kernels(&context);
+  Context::Impl& c = detail::ContextAccess::impl(context);
+  c.run([&] {
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, p.B * p.H, 1),
+                      [&](const tbb::blocked_range<std::int64_t>& r) {
+                        detail::Scratch& s = c.task_scratch.local();
+                        const Context::Impl::Lease lease{c, s};
+                        for (std::int64_t bh = r.begin(); bh < r.end(); ++bh) {
+                          ki.unfused_head(p, bh / p.H, bh % p.H, s);
+                        }
+                      });
+  });
+}
+
+}  // namespace cpuattn

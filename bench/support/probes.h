@@ -1,0 +1,49 @@
+// Benchmark support (not part of the library's API): machine probes that put benchmark figures in
+// proportion, and the unfused baseline the fused kernel is compared with. Each runs on the SIMD
+// provider and target the given context would run (or the default context's).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn {
+
+// Peak f32 FMA throughput in GFLOP/s with `threads` threads (>= 1). Takes about 0.2 s.
+double measure_fma_peak_gflops(int threads, const Context* context = nullptr);
+
+// Throughput in GFLOP/s of the fused kernel's score micro-kernel on L1-resident operands (D = 64),
+// with `threads` threads: the ceiling of the kernel's arithmetic, which no cache miss, softmax or
+// packing lowers. Its ratio to the FMA peak shows how much of that peak is reachable at all.
+// Takes about 0.2 s.
+double measure_tile_gflops(int threads, const Context* context = nullptr);
+
+// Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
+// memory (default 1 GiB, far larger than any cache here).
+double measure_read_bandwidth_gbps(int threads, std::size_t bytes = std::size_t{1} << 30,
+                                   const Context* context = nullptr);
+
+// The unfused three-pass baseline (scores materialized per head, softmax, then P V) on the
+// context's threads: f32, no masks, no lse. Same argument checks as attention().
+void unfused_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const OutputView& out, Context& context);
+
+namespace detail {
+struct Problem;
+class Scratch;
+struct ProbeKernels {
+  Target target;
+  Simd provider;
+  // Runs `iters` rounds of independent FMAs; returns the flops executed.
+  double (*fma)(std::int64_t iters);
+  // The score micro-kernel on L1-resident data, `reps` times; returns the flops executed.
+  double (*tile)(std::int64_t reps);
+  // Sums n floats (n a multiple of 64) with vector loads.
+  float (*read)(const float* data, std::size_t n);
+  // The unfused baseline for one (b, h).
+  void (*unfused_head)(const Problem&, std::int64_t b, std::int64_t h, Scratch&);
+};
+}  // namespace detail
+
+}  // namespace cpuattn

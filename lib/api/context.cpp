@@ -1,0 +1,150 @@
+#include <tbb/global_control.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "api/context_impl.h"
+#include "dispatch/dispatch.h"
+
+namespace cpuattn {
+
+const char* target_name(Target target) {
+  switch (target) {
+    case Target::scalar:
+      return "scalar";
+    case Target::sse4:
+      return "sse4";
+    case Target::avx2:
+      return "avx2";
+    case Target::avx512:
+      return "avx512";
+    case Target::best:
+      return "best";
+  }
+  return "unknown";
+}
+
+Target parse_target(const std::string& name) {
+  for (Target t : {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best}) {
+    if (name == target_name(t)) return t;
+  }
+  throw Error("cpuattn: unknown target '" + name +
+              "'; expected one of scalar, sse4, avx2, avx512, best");
+}
+
+const char* simd_name(Simd simd) {
+  switch (simd) {
+    case Simd::highway:
+      return "highway";
+    case Simd::xsimd:
+      return "xsimd";
+  }
+  return "unknown";
+}
+
+Simd parse_simd(const std::string& name) {
+  for (Simd s : {Simd::highway, Simd::xsimd}) {
+    if (name == simd_name(s)) return s;
+  }
+  throw Error("cpuattn: unknown SIMD provider '" + name + "'; expected highway or xsimd");
+}
+
+Context::Context(int num_threads) : impl_(std::make_unique<Impl>()) {
+  if (num_threads < 0) {
+    throw Error("cpuattn: num_threads must be >= 0 (0 = the caller's arena), got " +
+                std::to_string(num_threads));
+  }
+  impl_->num_threads = num_threads;
+  // oneTBB never runs more threads than its global limit (the machine's cores by default); an
+  // arena asking for more only made oneTBB print a warning on stderr. The plan does not depend on
+  // the thread count, so capping it changes no result.
+  if (num_threads > 0) {
+    const int allowed = static_cast<int>(
+        tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+    impl_->arena = std::make_unique<tbb::task_arena>(std::min(num_threads, std::max(1, allowed)));
+  }
+}
+
+Context::~Context() = default;
+
+int Context::num_threads() const { return impl_->num_threads; }
+void Context::set_max_target(Target target) {
+  // Found by fuzz_validate: a value outside the enum indexed the dispatch table out of bounds.
+  if (static_cast<unsigned>(target) > static_cast<unsigned>(Target::best)) {
+    throw Error("cpuattn: set_max_target: " + std::to_string(static_cast<int>(target)) +
+                " is not a Target (scalar, sse4, avx2, avx512 or best)");
+  }
+  impl_->max_target.store(target);
+}
+Target Context::max_target() const { return impl_->max_target.load(); }
+void Context::set_simd(Simd simd) {
+  if (static_cast<unsigned>(simd) > static_cast<unsigned>(Simd::xsimd)) {
+    throw Error("cpuattn: set_simd: " + std::to_string(static_cast<int>(simd)) +
+                " is not a Simd provider (highway or xsimd)");
+  }
+  impl_->simd.store(simd);
+}
+Simd Context::simd() const { return impl_->simd.load(); }
+
+void Context::set_scratch_limit(std::size_t bytes) { impl_->scratch_limit.store(bytes); }
+std::size_t Context::scratch_limit() const { return impl_->scratch_limit.load(); }
+
+void Context::trim() {
+  // clear() destroys every thread's slot, also those of threads that have exited since.
+  impl_->task_scratch.clear();
+  impl_->call_scratch.clear();
+  impl_->layer_scratch.clear();
+}
+
+std::size_t Context::retained_scratch_bytes() const {
+  std::size_t total = 0;
+  for (const auto* ets : {&impl_->task_scratch, &impl_->call_scratch, &impl_->layer_scratch}) {
+    for (const detail::Scratch& s : *ets) total += s.bytes();
+  }
+  return total;
+}
+
+Context& default_context() {
+  // A plain static, destroyed at exit (so leak checkers see its scratch freed).
+  static Context ctx(0);
+  static const bool configured = [] {
+    if (const char* env = std::getenv("CPUATTN_TARGET"); env != nullptr && *env != '\0') {
+      try {
+        ctx.set_max_target(parse_target(env));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s (from CPUATTN_TARGET); using the best target\n", e.what());
+      }
+    }
+    if (const char* env = std::getenv("CPUATTN_SIMD"); env != nullptr && *env != '\0') {
+      try {
+        ctx.set_simd(parse_simd(env));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s (from CPUATTN_SIMD); using highway\n", e.what());
+      }
+    }
+    return true;
+  }();
+  (void)configured;
+  return ctx;
+}
+
+Target active_target(const Context* context) { return detail::choose(context).target; }
+
+Simd active_simd(const Context* context) { return detail::choose(context).provider; }
+
+std::string supported_targets() {
+  std::string s;
+  Target last = Target::best;
+  for (Target cap : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+    const Target t = detail::choose(cap, Simd::highway).target;
+    if (t == last) continue;
+    if (!s.empty()) s += ",";
+    s += target_name(t);
+    last = t;
+  }
+  return s;
+}
+
+}  // namespace cpuattn

@@ -1,0 +1,66 @@
+// What a Context owns: its threads (an arena, or none to use the caller's), its target cap and
+// the scratch memory reused across calls.
+#pragma once
+
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "cpuattn/cpuattn.h"
+#include "core/scratch.h"
+
+namespace cpuattn {
+
+struct Context::Impl {
+  int num_threads = 0;
+  std::atomic<Target> max_target{Target::best};
+  std::atomic<Simd> simd{Simd::highway};
+  std::unique_ptr<tbb::task_arena> arena;  // null: run in the caller's arena
+  // Working memory of tasks, per thread that runs them. A task never waits on other tasks, so one
+  // thread runs at most one task at a time and its buffer is never shared.
+  tbb::enumerable_thread_specific<detail::Scratch> task_scratch;
+  // Per calling thread: buffers that live for a whole call (partial results of split keys).
+  tbb::enumerable_thread_specific<detail::Scratch> call_scratch;
+
+  // Per calling thread: the intermediate tensors of a layer call (projections, head outputs).
+  tbb::enumerable_thread_specific<detail::Scratch> layer_scratch;
+
+  // A thread keeps at most this many bytes in each of its scratch buffers between uses.
+  std::atomic<std::size_t> scratch_limit{SIZE_MAX};
+
+  // Called by the thread that owns `s` when it is done with it for now: frees it if it is above
+  // the limit. Only the owner touches its buffer, so this needs no lock.
+  void done_with(detail::Scratch& s) const {
+    if (s.bytes() > scratch_limit.load(std::memory_order_relaxed)) s.release();
+  }
+  // done_with(s) at the end of a scope, also when the scope is left by an exception.
+  struct Lease {
+    const Impl& impl;
+    detail::Scratch& scratch;
+    ~Lease() { impl.done_with(scratch); }
+  };
+
+  // Runs f() with this context's threads. Isolated: while this thread waits for f's tasks it
+  // takes no other task of the arena. Without isolation, a caller's own parallel loop over
+  // requests could hand this thread another request's call in the middle of this one, and that
+  // call would reuse this thread's call_scratch/layer_scratch under it.
+  template <class F>
+  void run(F&& f) {
+    if (arena) {
+      arena->execute([&] { tbb::this_task_arena::isolate(f); });
+    } else {
+      tbb::this_task_arena::isolate(f);
+    }
+  }
+};
+
+namespace detail {
+struct ContextAccess {
+  static Context::Impl& impl(Context& c) { return *c.impl_; }
+};
+}  // namespace detail
+
+}  // namespace cpuattn

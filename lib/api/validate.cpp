@@ -1,0 +1,353 @@
+// Argument validation for every public entry point. Nothing here writes to an output: callers
+// validate first and only then compute, so a throw leaves outputs untouched.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/checks.h"
+#include "core/problem.h"
+
+namespace cpuattn {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::boolean:
+      return "bool";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+std::string shape_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < std::clamp(t.rank, 0, kMaxRank); ++d) {
+    if (d) s += ",";
+    s += std::to_string(t.shape[d]);
+  }
+  return s + "]";
+}
+
+// "Q [2,8,128,32], K [2,8,128,64]" for the message tail.
+std::string shapes_of(std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
+  std::string s;
+  for (const auto& [name, t] : ts) {
+    if (!s.empty()) s += ", ";
+    s += std::string(name) + " " + shape_str(*t);
+  }
+  return s;
+}
+
+[[noreturn]] void fail(const std::string& what) { throw Error("cpuattn: " + what); }
+
+Extent extent_of(const char* name, const TensorView& t) {
+  std::int64_t last = 0;  // largest element offset
+  std::int64_t count = 1;
+  for (int d = 0; d < t.rank; ++d) {
+    std::int64_t term = 0;
+    if (__builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &term) ||
+        __builtin_add_overflow(last, term, &last) ||
+        __builtin_mul_overflow(count, t.shape[d], &count)) {
+      fail(std::string(name) + " " + shape_str(t) + ": size or offsets overflow 64 bits");
+    }
+  }
+  std::int64_t bytes = 0, elements = 0;
+  const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
+  // last + 1 overflows when the largest offset is INT64_MAX (found by fuzz_validate).
+  if (__builtin_add_overflow(last, 1, &elements) ||
+      __builtin_mul_overflow(elements, esize, &bytes) ||
+      static_cast<std::uint64_t>(bytes) >
+          std::numeric_limits<std::uintptr_t>::max() - reinterpret_cast<std::uintptr_t>(t.data)) {
+    fail(std::string(name) + " " + shape_str(t) + ": size or offsets overflow the address space");
+  }
+  const auto lo = reinterpret_cast<std::uintptr_t>(t.data);
+  return {lo, lo + static_cast<std::uintptr_t>(bytes)};
+}
+
+// Common checks of a tensor argument: present, known rank, positive sizes, strides >= 0
+// (0 = broadcast, allowed for inputs), unit stride in the last dimension.
+void check_view(const char* name, const TensorView& t, int min_rank, int max_rank) {
+  if (t.rank < min_rank || t.rank > max_rank) {
+    fail(std::string(name) + " must have rank " +
+         (min_rank == max_rank ? std::to_string(min_rank)
+                               : std::to_string(min_rank) + ".." + std::to_string(max_rank)) +
+         ", got rank " + std::to_string(t.rank));
+  }
+  if (t.data == nullptr) fail(std::string(name) + " " + shape_str(t) + ": data is null");
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 1) {
+      fail(std::string(name) + " " + shape_str(t) + ": dimension " + std::to_string(d) +
+           " has size " + std::to_string(t.shape[d]) + " (every size must be >= 1)");
+    }
+    if (t.strides[d] < 0) {
+      fail(std::string(name) + " " + shape_str(t) + ": stride " + std::to_string(t.strides[d]) +
+           " of dimension " + std::to_string(d) + " is negative");
+    }
+  }
+  if (t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1) {
+    fail(std::string(name) + " " + shape_str(t) + ": the last dimension must be contiguous " +
+         "(stride 1), got stride " + std::to_string(t.strides[t.rank - 1]));
+  }
+}
+
+void check_dtype(const char* name, const TensorView& t, bool allow_f64) {
+  if (t.dtype == DType::f32 || (allow_f64 && t.dtype == DType::f64)) return;
+  fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(t.dtype) +
+       (allow_f64 ? "; expected float32 or float64" : "; expected float32"));
+}
+
+// Outputs must not write one element twice: with the dimensions of size > 1 sorted by stride,
+// each stride must step over the whole extent of the dimensions inside it.
+void check_no_self_overlap(const char* name, const TensorView& t) {
+  std::array<std::pair<std::int64_t, std::int64_t>, kMaxRank> dims{};  // (stride, size)
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] > 1) dims[n++] = {t.strides[d], t.shape[d]};
+  }
+  for (int i = 1; i < n; ++i) {  // insertion sort of at most 4 (stride, size) pairs
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
+  std::int64_t span = 1;
+  for (int i = 0; i < n; ++i) {
+    const auto [stride, size] = dims[i];
+    if (stride < span) {
+      fail(std::string(name) + " " + shape_str(t) +
+           ": strides make different elements overlap (an output must not alias itself)");
+    }
+    span = stride * size;
+  }
+}
+
+void check_disjoint(const char* out_name, const Extent& o,
+                    std::initializer_list<std::pair<const char*, Extent>> others) {
+  for (const auto& [name, e] : others) {
+    if (o.lo < e.hi && e.lo < o.hi) {
+      fail(std::string(out_name) + " overlaps " + name + " in memory (outputs must not alias " +
+           "inputs or other outputs)");
+    }
+  }
+}
+
+namespace {
+
+Strided4 strided(const TensorView& t) {
+  Strided4 s;
+  s.data = t.data;
+  s.dtype = t.dtype;
+  for (int d = 0; d < 4; ++d) s.s[d] = t.strides[d];
+  return s;
+}
+
+}  // namespace
+
+Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const OutputView& out_view, const AttentionOptions& opts, bool allow_f64) {
+  const TensorView out = out_view;
+  check_view("Q", q, 4, 4);
+  check_view("K", k, 4, 4);
+  check_view("V", v, 4, 4);
+  check_view("out", out, 4, 4);
+  check_dtype("Q", q, allow_f64);
+  check_dtype("K", k, allow_f64);
+  check_dtype("V", v, allow_f64);
+  check_dtype("out", out, allow_f64);
+
+  // Built only when a message needs it: a valid call must not allocate.
+  struct AllShapes {
+    const TensorView &q, &k, &v, &out;
+    operator std::string() const {
+      return shapes_of({{"Q", &q}, {"K", &k}, {"V", &v}, {"out", &out}});
+    }
+  } all_shapes{q, k, v, out};
+  Problem p;
+  p.B = q.shape[0];
+  p.H = q.shape[1];
+  p.Lq = q.shape[2];
+  p.D = q.shape[3];
+  p.Hkv = k.shape[1];
+  p.Lk = k.shape[2];
+  p.Dv = v.shape[3];
+  if (k.shape[0] != p.B)
+    fail("K has B=" + std::to_string(k.shape[0]) + " but Q has B=" + std::to_string(p.B) + " (" +
+         std::string(all_shapes) + ")");
+  if (v.shape[0] != p.B)
+    fail("V has B=" + std::to_string(v.shape[0]) + " but Q has B=" + std::to_string(p.B) + " (" +
+         std::string(all_shapes) + ")");
+  if (k.shape[3] != p.D)
+    fail("K has D=" + std::to_string(k.shape[3]) + " but Q has D=" + std::to_string(p.D) + " (" +
+         std::string(all_shapes) + ")");
+  if (v.shape[1] != p.Hkv)
+    fail("V has " + std::to_string(v.shape[1]) + " heads but K has " + std::to_string(p.Hkv) +
+         " (" + std::string(all_shapes) + ")");
+  if (v.shape[2] != p.Lk)
+    fail("V has Lk=" + std::to_string(v.shape[2]) + " but K has Lk=" + std::to_string(p.Lk) + " (" +
+         std::string(all_shapes) + ")");
+  if (p.H % p.Hkv != 0)
+    fail("Q has H=" + std::to_string(p.H) + " heads, not a multiple of the " +
+         std::to_string(p.Hkv) + " K/V heads (" + std::string(all_shapes) + ")");
+  if (out.shape[0] != p.B || out.shape[1] != p.H || out.shape[2] != p.Lq || out.shape[3] != p.Dv) {
+    fail("out must have shape [B,H,Lq,Dv] = [" + std::to_string(p.B) + "," + std::to_string(p.H) +
+         "," + std::to_string(p.Lq) + "," + std::to_string(p.Dv) + "] (" + std::string(all_shapes) +
+         ")");
+  }
+  p.group = p.H / p.Hkv;
+
+  const Extent eq = extent_of("Q", q), ek = extent_of("K", k), ev = extent_of("V", v);
+  const Extent eo = extent_of("out", out);
+  check_no_self_overlap("out", out);
+  check_disjoint("out", eo, {{"Q", eq}, {"K", ek}, {"V", ev}});
+  // Outputs written so far, for the aliasing checks of the next ones (fixed size: no allocation).
+  std::array<std::pair<const char*, Extent>, 3> written{{{"out", eo}, {"out", eo}, {"out", eo}}};
+
+  if (opts.scale) {
+    const double s = *opts.scale;
+    // The reference computes in double, the fast path folds scale * log2(e) into one float: a
+    // scale outside float's normal range would be 0 or inf there (1e39 gave an all-NaN output
+    // while the reference gave finite numbers), so both reject it.
+    if (!(s >= kMinScale && s <= kMaxScale)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "scale must be in [%.9g, %.9g] (finite, > 0, and scale * log2(e) a normal "
+                    "float32), got %.10g",
+                    kMinScale, kMaxScale, s);
+      fail(buf);
+    }
+    p.scale = s;
+  } else {
+    p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));
+  }
+  if (opts.causal != Causal::none && opts.causal != Causal::top_left &&
+      opts.causal != Causal::bottom_right) {
+    // Found by fuzz_validate: a value outside the enum was taken as `none`.
+    fail("causal must be Causal::none, top_left or bottom_right, got the value " +
+         std::to_string(static_cast<int>(opts.causal)));
+  }
+  p.causal = opts.causal;
+
+  Extent mask_extent;
+  if (opts.mask) {
+    const TensorView& m = *opts.mask;
+    if (m.rank < 1 || m.rank > 4)
+      fail("mask must have rank 1..4, got rank " + std::to_string(m.rank));
+    check_view("mask", m, 1, 4);
+    if (m.dtype == DType::boolean) {
+      p.mask_kind = MaskKind::boolean;
+    } else if (m.dtype == DType::f32 || (allow_f64 && m.dtype == DType::f64)) {
+      p.mask_kind = MaskKind::additive;
+    } else {
+      fail("mask " + shape_str(m) + " has dtype " + dtype_name(m.dtype) +
+           "; expected bool or float32");
+    }
+    mask_extent = extent_of("mask", m);
+    const std::int64_t target[4] = {p.B, p.H, p.Lq, p.Lk};
+    p.mask.data = m.data;
+    p.mask.dtype = m.dtype;
+    const int off = 4 - m.rank;  // numpy broadcasting aligns trailing dimensions
+    for (int d = 0; d < 4; ++d) {
+      if (d < off) {
+        p.mask.s[d] = 0;
+        continue;
+      }
+      const std::int64_t n = m.shape[d - off];
+      if (n != 1 && n != target[d]) {
+        fail("mask " + shape_str(m) + " does not broadcast to the scores [B,H,Lq,Lk] = [" +
+             std::to_string(p.B) + "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "," +
+             std::to_string(p.Lk) + "]");
+      }
+      p.mask.s[d] = n == 1 ? 0 : m.strides[d - off];
+    }
+  }
+
+  if (opts.key_lengths) {
+    const TensorView& kl = *opts.key_lengths;
+    check_view("key_lengths", kl, 1, 1);
+    if (kl.dtype != DType::i32 && kl.dtype != DType::i64) {
+      fail("key_lengths " + shape_str(kl) + " has dtype " + dtype_name(kl.dtype) +
+           "; expected int32 or int64");
+    }
+    if (kl.shape[0] != p.B)
+      fail("key_lengths has shape " + shape_str(kl) + " but Q has B=" + std::to_string(p.B) +
+           "; expected [" + std::to_string(p.B) + "]");
+    extent_of("key_lengths", kl);
+    p.key_lengths = kl.data;
+    p.key_lengths_dtype = kl.dtype;
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      const std::int64_t n = p.key_length(b);
+      if (n < 0 || n > p.Lk)
+        fail("key_lengths[" + std::to_string(b) + "] = " + std::to_string(n) +
+             " is outside [0, Lk=" + std::to_string(p.Lk) + "]");
+    }
+  }
+
+  if (opts.lse) {
+    const TensorView lse = *opts.lse;
+    check_view("lse", lse, 3, 3);
+    check_dtype("lse", lse, allow_f64);
+    if (lse.shape[0] != p.B || lse.shape[1] != p.H || lse.shape[2] != p.Lq) {
+      fail("lse has shape " + shape_str(lse) + "; expected [B,H,Lq] = [" + std::to_string(p.B) +
+           "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "]");
+    }
+    const Extent e = extent_of("lse", lse);
+    check_no_self_overlap("lse", lse);
+    check_disjoint("lse", e, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
+    written[1] = {"lse", e};
+    p.lse = opts.lse->data;
+    p.lse_dtype = lse.dtype;
+    for (int d = 0; d < 3; ++d) p.lse_s[d] = lse.strides[d];
+  }
+
+  if (opts.weights) {
+    const TensorView w = *opts.weights;
+    check_view("weights", w, 4, 4);
+    check_dtype("weights", w, allow_f64);
+    if (w.shape[0] != p.B || w.shape[1] != p.H || w.shape[2] != p.Lq || w.shape[3] != p.Lk) {
+      fail("weights has shape " + shape_str(w) + "; expected [B,H,Lq,Lk] = [" +
+           std::to_string(p.B) + "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "," +
+           std::to_string(p.Lk) + "]");
+    }
+    const Extent e = extent_of("weights", w);
+    check_no_self_overlap("weights", w);
+    check_disjoint("weights", e, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
+    for (const auto& [name, other] : written) check_disjoint("weights", e, {{name, other}});
+    written[2] = {"weights", e};
+    p.weights = opts.weights->data;
+    p.weights_dtype = w.dtype;
+    for (int d = 0; d < 4; ++d) p.weights_s[d] = w.strides[d];
+  }
+  if (opts.mask) {
+    for (const auto& [name, e] : written) check_disjoint(name, e, {{"mask", mask_extent}});
+  }
+  if (opts.key_lengths) {
+    const Extent el = extent_of("key_lengths", *opts.key_lengths);
+    for (const auto& [name, e] : written) check_disjoint(name, e, {{"key_lengths", el}});
+  }
+
+  p.q = strided(q);
+  p.k = strided(k);
+  p.v = strided(v);
+  p.out = out_view.data;
+  p.out_dtype = out.dtype;
+  for (int d = 0; d < 3; ++d) p.out_s[d] = out.strides[d];
+  return p;
+}
+
+}  // namespace detail
+}  // namespace cpuattn

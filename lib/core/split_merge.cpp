@@ -1,0 +1,52 @@
+// The second half of split-key attention (decode with long caches): each split's task left its
+// rows' (m, l, unnormalized acc); rescale them to the common max and normalize once.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/plan.h"
+#include "core/softmax.h"
+
+namespace cpuattn::detail {
+
+void merge_partials(const Problem& p, const Plan& pl) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  tbb::parallel_for(
+      tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 64),
+      [&](const tbb::blocked_range<std::int64_t>& range) {
+        for (std::int64_t row = range.begin(); row < range.end(); ++row) {
+          const std::int64_t i = row % p.Lq, h = (row / p.Lq) % p.H, b = row / (p.Lq * p.H);
+          RowState st{neg_inf, 0.0f};
+          for (std::int64_t s = 0; s < pl.k_splits; ++s) {
+            const float m = partial_row(p, pl, b, h, i, s)[0];
+            // NaN poisons the row, as in the reference; std::max would drop it.
+            st.m = std::isnan(m) || std::isnan(st.m) ? std::numeric_limits<float>::quiet_NaN()
+                                                     : std::max(st.m, m);
+          }
+          float* dst =
+              static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+          std::fill(dst, dst + p.Dv, 0.0f);
+          if (!st.empty()) {
+            for (std::int64_t s = 0; s < pl.k_splits; ++s) {
+              const float* src = partial_row(p, pl, b, h, i, s);
+              if (src[0] == neg_inf) continue;
+              const float w = std::exp2(src[0] - st.m);
+              st.l += src[1] * w;
+              for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] += src[2 + d] * w;
+            }
+            const float scale = st.out_scale();
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] *= scale;
+          }
+          if (p.lse) {
+            static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] =
+                st.lse();
+          }
+        }
+      });
+}
+
+}  // namespace cpuattn::detail

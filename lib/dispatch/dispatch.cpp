@@ -1,0 +1,72 @@
+#include "dispatch/dispatch.h"
+
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include <array>
+#include <cstdint>
+
+namespace cpuattn::detail {
+namespace {
+
+// Highway target bits a cap excludes (a lower bit is a better target on x86).
+std::int64_t excluded_by(Target cap) {
+  std::int64_t excluded = 0;
+  switch (cap) {
+    case Target::scalar:
+      excluded |= HWY_SSE4 | HWY_SSSE3;
+      [[fallthrough]];
+    case Target::sse4:
+      excluded |= HWY_AVX2;
+      [[fallthrough]];
+    case Target::avx2:
+      excluded |= HWY_AVX3 | HWY_AVX3_DL;
+      [[fallthrough]];
+    case Target::avx512:
+    case Target::best:
+      break;
+  }
+  return excluded;
+}
+
+Choice compute(Target cap, Simd provider) {
+  // CPU support comes from Highway's CPUID for both providers: the xsimd units are built for
+  // exactly the instruction sets of Highway's SSE4, AVX2 and AVX3 targets (lib/CMakeLists.txt).
+  const std::int64_t allowed = hwy::SupportedTargets() & ~excluded_by(cap);
+  // The same index arithmetic as hwy::ChosenTarget, but per cap and without global state, so
+  // concurrent calls may use different caps. The fallback entry (EMU128/SCALAR) always exists.
+  const std::int64_t mask = (HWY_CHOSEN_TARGET_SHIFT(allowed) | HWY_CHOSEN_TARGET_MASK_SCALAR) &
+                            HWY_CHOSEN_TARGET_MASK_TARGETS;
+  Choice c;
+  c.hwy_index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<std::uint64_t>(mask));
+  const std::int64_t compiled = allowed & HWY_TARGETS;
+  const std::int64_t best = compiled & -compiled;
+  c.target = (best & (HWY_AVX3 | HWY_AVX3_DL)) != 0 ? Target::avx512
+             : (best & HWY_AVX2) != 0               ? Target::avx2
+             : (best & (HWY_SSE4 | HWY_SSSE3)) != 0 ? Target::sse4
+                                                    : Target::scalar;
+  // xsimd covers the x86 SIMD instruction sets; below SSE4 the portable Highway target runs.
+  c.provider = provider == Simd::xsimd && c.target != Target::scalar ? Simd::xsimd : Simd::highway;
+  return c;
+}
+
+}  // namespace
+
+const Choice& choose(Target cap, Simd provider) {
+  static const auto table = [] {
+    std::array<std::array<Choice, 2>, 5> t{};
+    for (Target c : {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best}) {
+      for (Simd s : {Simd::highway, Simd::xsimd})
+        t[static_cast<int>(c)][static_cast<int>(s)] = compute(c, s);
+    }
+    return t;
+  }();
+  return table[static_cast<int>(cap)][static_cast<int>(provider)];
+}
+
+const Choice& choose(const Context* context) {
+  const Context& c = context != nullptr ? *context : default_context();
+  return choose(c.max_target(), c.simd());
+}
+
+}  // namespace cpuattn::detail

@@ -1,0 +1,4 @@
+// The additive op for one xsimd architecture (compiled three times, see lib/CMakeLists.txt).
+#include "simd/xsimd_ops-inl.h"
+// Separate line: the kernels are instantiated with this unit's provider.
+#include "kernels/additive/entry-inl.h"

@@ -1,0 +1,68 @@
+// The streaming score path for blocks of few query rows (decode), where packing K would cost
+// more than it saves.
+#if defined(CPUATTN_KERNELS_FLASH_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_DECODE_INL_H_
+#undef CPUATTN_KERNELS_FLASH_DECODE_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_DECODE_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// Streaming scores for a few query rows (decode): S[r][j] = Qd[r] . K[j] with K read in place,
+// row after row, so the stream runs at memory speed and nothing is packed. One K vector load
+// serves R rows; a horizontal sum per score is affordable because there are few rows.
+template <class O, int R>
+CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                           const float* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
+                           float* CPUATTN_RESTRICT s, std::int64_t s_stride) {
+  constexpr int N = O::kLanes;
+  const std::int64_t dv = D / N * N;
+  for (std::int64_t j = 0; j < nk; ++j) {
+    const float* krow = k + j * ks;
+    typename O::V acc[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) acc[r] = O::Zero();
+    for (std::int64_t d = 0; d < dv; d += N) {
+      const typename O::V kv = O::LoadU(krow + d);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r]);
+    }
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      float tail = 0.0f;
+      for (std::int64_t d = dv; d < D; ++d) tail += qd[r * dp + d] * krow[d];
+      s[r * s_stride + j] = O::ReduceSum(acc[r]) + tail;
+    }
+  }
+}
+
+template <class O>
+void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const float* k,
+               std::int64_t ks, std::int64_t nk, float* s, std::int64_t s_stride) {
+  switch (R) {
+#define CPUATTN_DOT_CASE(n)                              \
+  case n:                                                \
+    DotScoresR<O, n>(qd, dp, D, k, ks, nk, s, s_stride); \
+    break;
+    CPUATTN_DOT_CASE(1)
+    CPUATTN_DOT_CASE(2)
+    CPUATTN_DOT_CASE(3)
+    CPUATTN_DOT_CASE(4)
+    CPUATTN_DOT_CASE(5)
+    CPUATTN_DOT_CASE(6)
+    CPUATTN_DOT_CASE(7)
+    CPUATTN_DOT_CASE(8)
+#undef CPUATTN_DOT_CASE
+    default:
+      break;
+  }
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_DECODE_INL_H_

@@ -1,0 +1,34 @@
+// The flash op's kernel table for the target being compiled, with the provider `Ops` of this unit
+// (simd/hwy_ops-inl.h or simd/xsimd_ops-inl.h, included first).
+#if defined(CPUATTN_KERNELS_FLASH_ENTRY_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_ENTRY_INL_H_
+#undef CPUATTN_KERNELS_FLASH_ENTRY_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_ENTRY_INL_H_
+#endif
+
+#include "kernels/flash/flash.h"
+#include "kernels/flash/task-inl.h"
+#include "simd/target_namespace.h"
+#include "simd/targets.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+void RunFlashTaskF32(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                     detail::Scratch& scratch) {
+  RunTask<Ops>(p, pl, t, scratch);
+}
+
+const detail::FlashKernels* GetFlashKernels() {
+  static const detail::FlashKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
+                                          .provider = simd::ProviderOf(Ops::kProvider),
+                                          .lanes = Ops::kLanes,
+                                          .block_rows = Ops::kBlockRows,
+                                          .block_keys = Ops::kBlockKeys,
+                                          .run_task_f32 = &RunFlashTaskF32};
+  return &table;
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_ENTRY_INL_H_

@@ -1,0 +1,77 @@
+// The online softmax of the flash kernel: after each K/V block, fold the block's scores into each
+// row's running state (max m, sum l, unnormalized accumulator), turning the scores into the
+// probabilities P V then multiplies. Everything is in log2 units (see core/softmax.h).
+#if defined(CPUATTN_KERNELS_FLASH_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_SOFTMAX_INL_H_
+#undef CPUATTN_KERNELS_FLASH_SOFTMAX_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_SOFTMAX_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "simd/math-inl.h"
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// One row's online-softmax step over `ncols` scores of a block (a whole number of score panels,
+// so an even number of vectors: two accumulators per pass halve the dependency chains).
+//   srow  the row's scores in; its probabilities 2^(s - m) out (0 for masked keys)
+//   m     the running max, updated; the accumulator is rescaled only when it grows
+//   lrow  the running sum, kept as a vector of partial sums (summed across lanes once, at the end)
+//   arow  the unnormalized output, dvp floats
+template <class O>
+CPUATTN_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols, float& m,
+                                     float* CPUATTN_RESTRICT lrow, float* CPUATTN_RESTRICT arow,
+                                     std::int64_t dvp) {
+  using V = typename O::V;
+  constexpr int N = O::kLanes;
+  static_assert(O::kScoreCols % 2 == 0, "the passes below take vectors in pairs");
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  V vmax0 = O::Set(neg_inf), vmax1 = vmax0;
+  for (std::int64_t c = 0; c < ncols; c += 2 * N) {
+    vmax0 = O::Max(vmax0, O::Load(srow + c));
+    vmax1 = O::Max(vmax1, O::Load(srow + c + N));
+  }
+  const float block_max = O::ReduceMax(O::Max(vmax0, vmax1));
+  // A NaN score poisons its row (as in the reference); std::max would drop it.
+  const float m_new = (block_max > m || std::isnan(block_max)) ? block_max : m;
+  if (m_new == neg_inf) {
+    // Nothing visible yet, unless the vector max dropped a NaN (x86 max returns its second
+    // operand when either is NaN): then the row is poisoned, as in the reference.
+    if (std::any_of(srow, srow + ncols, [](float x) { return std::isnan(x); })) {
+      m = std::numeric_limits<float>::quiet_NaN();
+      O::Store(O::Set(m), lrow);
+    }
+    std::fill(srow, srow + ncols, 0.0f);
+    return;
+  }
+  if (!(m_new == m)) {
+    // Nothing accumulated while m was -inf; otherwise rescale l and Acc.
+    if (m != neg_inf) {
+      const V va = Exp2<O>(O::Set(m - m_new));
+      O::Store(O::Mul(O::Load(lrow), va), lrow);
+      for (std::int64_t c = 0; c < dvp; c += N) O::Store(O::Mul(O::Load(arow + c), va), arow + c);
+    }
+    m = m_new;
+  }
+  const V vm = O::Set(m);
+  V vsum0 = O::Zero(), vsum1 = O::Zero();
+  for (std::int64_t c = 0; c < ncols; c += 2 * N) {
+    const V e0 = Exp2<O>(O::Sub(O::Load(srow + c), vm));
+    const V e1 = Exp2<O>(O::Sub(O::Load(srow + c + N), vm));
+    O::Store(e0, srow + c);
+    O::Store(e1, srow + c + N);
+    vsum0 = O::Add(vsum0, e0);
+    vsum1 = O::Add(vsum1, e1);
+  }
+  O::Store(O::Add(O::Load(lrow), O::Add(vsum0, vsum1)), lrow);
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_SOFTMAX_INL_H_

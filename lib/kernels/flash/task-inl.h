@@ -1,0 +1,230 @@
+// The task driver of the fused flash-attention kernel: decodes a task of the plan (core/plan.h),
+// lays out its scratch, and runs pack -> scores (+ masks) -> online softmax -> P V -> output over
+// its query and key blocks. Written once against the vector contract (simd/contract.h), for any
+// provider `O`.
+//
+// Layout of one task's work (all f32):
+//   Qp  [rows][DP]          query rows of one block, DP = D rounded up to a vector, pre-multiplied
+//                           by scale * log2(e) so that the softmax runs in base 2 (exp2 is
+//                           cheaper than exp).
+//   Kp  [panels][D][W]      a K block transposed into panels of W = kScoreCols vectors of
+//                           keys, so the score micro-kernel streams W contiguous keys per d.
+//   Vp  [chunks][nk][CW]    a V block split into column chunks of CW = kPvCols vectors, so the
+//                           P V micro-kernel streams one contiguous chunk per key.
+//   S   [rows][Nk]          the scores of one (Q block, K block) pair, then the probabilities.
+//   Acc [rows][DvP]         the unnormalized output, DvP = Dv rounded up to a vector.
+#if defined(CPUATTN_KERNELS_FLASH_TASK_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_TASK_INL_H_
+#undef CPUATTN_KERNELS_FLASH_TASK_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_TASK_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/plan.h"
+#include "core/scratch.h"
+#include "core/softmax.h"
+#include "kernels/flash/decode-inl.h"
+#include "kernels/common/mask-inl.h"
+#include "kernels/flash/pack-inl.h"
+#include "kernels/flash/pv-inl.h"
+#include "kernels/flash/score-inl.h"
+#include "kernels/flash/softmax-inl.h"
+#include "simd/contract.h"
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// At most this many query rows in a block take the streaming path when K/V are not reused.
+inline constexpr int kStreamRows = 8;
+
+// Runs task t of the plan: one (batch, K/V head, head split, chunk of query blocks, key split).
+// K/V blocks are packed once per task: kept for all query blocks when the chunk has several,
+// else packed into one reused slot (decode), so K/V far larger than the caches stream once.
+template <class O>
+void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                 detail::Scratch& scratch) {
+  static_assert(simd::VectorOps<O>);
+  constexpr int N = O::kLanes;
+  constexpr int W = Geometry<O>::W;
+  constexpr int CW = Geometry<O>::CW;
+  const Geometry<O> g(p, O::kBlockKeys);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  const std::int64_t ks = t % pl.k_splits;
+  t /= pl.k_splits;
+  const std::int64_t qc = t % pl.q_chunks;
+  t /= pl.q_chunks;
+  const std::int64_t hs = t % pl.head_splits;
+  t /= pl.head_splits;
+  const std::int64_t hk = t % p.Hkv;
+  const std::int64_t b = t / p.Hkv;
+
+  const std::int64_t nh = std::min(pl.heads_per_block, p.group - hs * pl.heads_per_block);
+  const std::int64_t h0 = hk * p.group + hs * pl.heads_per_block;
+  const std::int64_t qb0 = qc * pl.blocks_per_chunk;
+  const std::int64_t qb1 = std::min(pl.q_blocks, qb0 + pl.blocks_per_chunk);
+  const std::int64_t k0 = ks * pl.keys_per_split;
+  const std::int64_t k1 = std::min(p.Lk, k0 + pl.keys_per_split);
+  const bool keep_packed = qb1 - qb0 > 1;
+
+  // Scratch: Qp, S, Acc, m, l, row masks, then the packed K/V blocks.
+  const detail::TaskScratch ts(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed);
+  float* base = scratch.get(ts.total);
+  float* qp = base + ts.qp;
+  const std::int64_t qs = static_cast<std::int64_t>(ts.qp_stride);
+  float* s = base + ts.s;
+  float* acc = base + ts.acc;
+  float* m = base + ts.m;
+  float* l = base + ts.l;
+  RowMask* rm = reinterpret_cast<RowMask*>(base + ts.rm);
+  static_assert(sizeof(RowMask) <= 4 * sizeof(float) && alignof(RowMask) <= 64);
+  float* kv = base + ts.kv;
+  std::int64_t packed_blocks = 0;  // with keep_packed: blocks [0, packed_blocks) are ready
+
+  const MaskInfo mi{p.mask_kind, p.mask.s[3]};
+  const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+
+  for (std::int64_t qb = qb0; qb < qb1; ++qb) {
+    const std::int64_t pos0 = qb * pl.pos_per_block;
+    const std::int64_t pos1 = std::min(p.Lq, pos0 + pl.pos_per_block);
+    const int rows = static_cast<int>((pos1 - pos0) * nh);
+    // Few rows (decode) and no K/V reuse across query blocks: stream K/V in place.
+    const bool stream = !keep_packed && rows <= kStreamRows;
+    PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+    // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
+    // instead of a horizontal sum per row and block.
+    for (int r = 0; r < rows; ++r) {
+      m[r] = neg_inf;
+      O::Store(O::Zero(), l + r * N);
+    }
+    std::fill(acc, acc + rows * g.DvP, 0.0f);
+    // Causal and key-length limits: rows see keys [0, end(i)), end non-decreasing in i.
+    const std::int64_t end_lo = std::min(k1, p.key_end(b, pos0));
+    const std::int64_t end_hi = std::min(k1, p.key_end(b, pos1 - 1));
+
+    for (std::int64_t kb0 = k0; kb0 < end_hi; kb0 += g.Nk) {
+      const std::int64_t nk = std::min(g.Nk, k1 - kb0);
+      const std::int64_t slot = keep_packed ? (kb0 - k0) / g.Nk : 0;
+      float* kp = kv + slot * g.kv_block_floats();
+      float* vp = kp + g.k_block_floats();
+      // V is read in place when its rows are whole vectors; otherwise packed (zero-padded).
+      const bool v_in_place = stream && g.DvP == g.Dv;
+      const bool first_use = !keep_packed || slot >= packed_blocks;
+      if (first_use) {
+        // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
+        // work instead of stalling a later one (+25% on X1 measured; decode unchanged).
+        if (kb0 == k0)
+          PrefetchKV(p, b, hk, kb0 + g.Nk, std::clamp<std::int64_t>(k1 - kb0 - g.Nk, 0, g.Nk));
+        if (kb0 + 2 * g.Nk < k1)
+          PrefetchKV(p, b, hk, kb0 + 2 * g.Nk, std::min(g.Nk, k1 - kb0 - 2 * g.Nk));
+      }
+      if (stream) {
+        if (!v_in_place) PackV<O>(p, g, b, hk, kb0, nk, vp);
+      } else if (first_use) {
+        PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+        if (keep_packed) packed_blocks = slot + 1;
+      }
+      // Keys of this block that some row may see, rounded up to whole panels.
+      const std::int64_t nk_live = std::min(nk, end_hi - kb0);
+      const std::int64_t ncols = (nk_live + W - 1) / W * W;
+      // Columns [0, clean) need no per-element mask for any row.
+      const std::int64_t clean = p.mask_kind != detail::MaskKind::none
+                                     ? 0
+                                     : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
+      // Row r is (position pos0 + r / nh, head h0 + r % nh); nested loops avoid a 64-bit
+      // division per row and block.
+      for (std::int64_t i = pos0, r = 0; i < pos1; ++i) {
+        const auto end = static_cast<std::int32_t>(
+            std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
+        for (std::int64_t h = h0; h < h0 + nh; ++h, ++r) {
+          rm[r].end = end;
+          rm[r].mask =
+              p.mask_kind == detail::MaskKind::none
+                  ? nullptr
+                  : static_cast<const char*>(p.mask.data) +
+                        (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + kb0 * p.mask.s[3]) *
+                            static_cast<std::int64_t>(dtype_size(p.mask.dtype));
+        }
+      }
+
+      // 1. Scores, masked in the micro-kernel epilogue where needed.
+      if (stream) {
+        const float* K =
+            static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
+        DotScores<O>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, s, g.Nk);
+        for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
+      }
+      for (std::int64_t c0 = 0; c0 < (stream ? 0 : ncols); c0 += W) {
+        const float* panel = kp + (c0 / W) * g.D * W;
+        const bool masked = c0 + W > clean;
+        for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+          const int R = std::min(O::kScoreRows, rows - r0);
+          if (masked) {
+            ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                               static_cast<std::int32_t>(c0), rm + r0, mi);
+          } else {
+            ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                static_cast<std::int32_t>(c0), rm + r0, mi);
+          }
+        }
+      }
+
+      // 2. Online softmax: fold the block into each row's running state.
+      for (int r = 0; r < rows; ++r)
+        OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
+
+      // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
+      for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+        const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+        const float* vchunk = vp + c0 * nk;
+        std::int64_t vstride = cw;
+        if (v_in_place) {
+          vchunk = static_cast<const float*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1] +
+                   kb0 * p.v.s[2] + c0;
+          vstride = p.v.s[2];
+        }
+        for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
+          const int R = std::min(O::kPvRows, rows - r0);
+          PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, vstride,
+                    nk_live, acc + r0 * g.DvP + c0, g.DvP);
+        }
+      }
+    }
+
+    // 4. Normalize once, or hand the unnormalized state to the merge.
+    for (int r = 0; r < rows; ++r) {
+      const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
+      const float* arow = acc + r * g.DvP;
+      const detail::RowState st{m[r], O::ReduceSum(O::Load(l + r * N))};
+      if (pl.k_splits > 1) {
+        float* dst = detail::partial_row(p, pl, b, h, i, ks);
+        dst[0] = st.m;
+        dst[1] = st.l;
+        std::copy(arow, arow + g.Dv, dst + 2);
+        continue;
+      }
+      float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+      const float scale = st.out_scale();
+      if (pl.stream_out && g.Dv == g.DvP &&
+          reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
+        const typename O::V vscale = O::Set(scale);
+        for (std::int64_t d = 0; d < g.Dv; d += N)
+          O::Stream(O::Mul(O::Load(arow + d), vscale), dst + d);
+      } else {
+        for (std::int64_t d = 0; d < g.Dv; ++d) dst[d] = arow[d] * scale;
+      }
+      if (p.lse != nullptr)
+        static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();
+    }
+  }
+  // Non-temporal stores are weakly ordered: complete them before the task reports done.
+  if (pl.stream_out) O::StreamFence();
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_TASK_INL_H_

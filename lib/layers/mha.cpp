@@ -1,0 +1,419 @@
+// MultiHeadAttention and KvCache: projections by Linear, heads by strides, the fused kernel.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "api/attention.h"
+#include "api/checks.h"
+#include "api/context_impl.h"
+#include "core/problem.h"
+#include "cpuattn/layers.h"
+
+namespace cpuattn {
+
+using detail::fail;
+using detail::shape_str;
+
+namespace {
+
+std::string dims_str(std::initializer_list<std::int64_t> dims) {
+  std::string s = "[";
+  for (std::int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
+  return s + "]";
+}
+
+void check_f32(const char* name, const TensorView& t, int rank) {
+  detail::check_view(name, t, rank, rank);
+  detail::check_dtype(name, t, false);
+  detail::extent_of(name, t);
+}
+
+// The layer writes opts.lse / opts.weights during attention and `out` afterwards, from the heads'
+// outputs: an optional output that overlaps `out` would be overwritten (or overwrite it), and one
+// that overlaps an input would change what the projections read. Call after detail::validate(),
+// which has checked the optional outputs' own shapes.
+void check_optional_outputs(const AttentionOptions& opts, const detail::Extent& out,
+                            const char* in1, const TensorView& x1, const char* in2,
+                            const TensorView& x2) {
+  const detail::Extent e1 = detail::extent_of(in1, x1), e2 = detail::extent_of(in2, x2);
+  for (const auto& [name, view] :
+       {std::pair<const char*, const std::optional<OutputView>*>{"opts.lse", &opts.lse},
+        {"opts.weights", &opts.weights}}) {
+    if (!view->has_value()) continue;
+    const detail::Extent e = detail::extent_of(name, **view);
+    detail::check_disjoint(name, e, {{"out", out}, {in1, e1}, {in2, e2}});
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------- KvCache
+
+// Every size is checked before anything changes: capacity * B * Hkv * max(D, Dv) floats stay
+// below kMaxFloats, so no index below overflows and a huge reserve() or append() is an Error that
+// leaves the cache as it was (before, reserve(2^62) overflowed to a small allocation and the next
+// append wrote past it).
+constexpr std::int64_t kMaxFloats = std::int64_t{1} << 40;  // 4 TiB of K or of V
+
+struct KvCache::Storage {
+  std::int64_t B, Hkv, D, Dv, capacity, length = 0;
+  bool growable;
+  std::vector<float> k, v;  // [B, Hkv, capacity, D] and [.., Dv]
+
+  std::string dims() const {
+    return "batch=" + std::to_string(B) + ", kv_heads=" + std::to_string(Hkv) +
+           ", head_dim=" + std::to_string(D) + ", value_dim=" + std::to_string(Dv);
+  }
+  // The most tokens a cache of these dimensions may hold.
+  std::int64_t max_capacity() const { return kMaxFloats / (B * Hkv * std::max(D, Dv)); }
+
+  // Allocates the new buffers before touching the old ones: on std::bad_alloc nothing changed.
+  void grow_to(std::int64_t cap) {
+    if (cap > max_capacity()) {
+      fail("KvCache: capacity " + std::to_string(cap) + " is too large for " + dims() +
+           " (at most " + std::to_string(max_capacity()) + " tokens)");
+    }
+    std::vector<float> nk(static_cast<std::size_t>(B * Hkv * cap * D));
+    std::vector<float> nv(static_cast<std::size_t>(B * Hkv * cap * Dv));
+    for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
+      std::copy_n(k.begin() + bh * capacity * D, length * D, nk.begin() + bh * cap * D);
+      std::copy_n(v.begin() + bh * capacity * Dv, length * Dv, nv.begin() + bh * cap * Dv);
+    }
+    k.swap(nk);
+    v.swap(nv);
+    capacity = cap;
+  }
+
+  // Room for n more tokens, or an error that changes nothing.
+  void make_room(std::int64_t n) {
+    if (n <= capacity - length) return;
+    if (!growable) {
+      fail("KV cache is full: " + std::to_string(length) + " cached + " + std::to_string(n) +
+           " new tokens > capacity " + std::to_string(capacity) +
+           " (a fixed-capacity cache; construct it growable or reserve() more)");
+    }
+    const std::int64_t limit = max_capacity();
+    if (n > limit - length) {
+      fail("KvCache: " + std::to_string(length) + " cached + " + std::to_string(n) +
+           " new tokens exceed the largest capacity for " + dims() + " (" + std::to_string(limit) +
+           " tokens)");
+    }
+    // Doubling keeps appends amortized O(1); never past the limit (capacity <= limit, so 2 *
+    // capacity does not overflow).
+    grow_to(std::max(std::min(2 * capacity, limit), length + n));
+  }
+
+  // Copies token rows [B, Hkv, n, width] (strides over b, h, l) to positions length.. of `dst`.
+  void store(const TensorView& t, std::vector<float>& dst, std::int64_t width) {
+    const auto* src = static_cast<const float*>(t.data);
+    const std::int64_t n = t.shape[2];
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t h = 0; h < Hkv; ++h) {
+        for (std::int64_t l = 0; l < n; ++l) {
+          std::memcpy(&dst[((b * Hkv + h) * capacity + length + l) * width],
+                      src + b * t.strides[0] + h * t.strides[1] + l * t.strides[2],
+                      sizeof(float) * width);
+        }
+      }
+    }
+  }
+
+  TensorView view(const std::vector<float>& buf, std::int64_t width, std::int64_t len) const {
+    TensorView t = f32_view(buf.data(), {B, Hkv, len, width});
+    t.strides = {Hkv * capacity * width, capacity * width, width, 1};
+    return t;
+  }
+};
+
+namespace {
+// A moved-from cache has no storage: destroying it or assigning to it is fine, anything else is
+// an Error instead of a null dereference.
+KvCache::Storage& live(const std::unique_ptr<KvCache::Storage>& s, const char* what) {
+  if (!s) fail(std::string("KvCache::") + what + ": the cache was moved from");
+  return *s;
+}
+}  // namespace
+
+KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
+                 std::int64_t value_dim, std::int64_t capacity, bool growable) {
+  const std::string dims =
+      "batch=" + std::to_string(batch) + ", kv_heads=" + std::to_string(kv_heads) +
+      ", head_dim=" + std::to_string(head_dim) + ", value_dim=" + std::to_string(value_dim) +
+      ", capacity=" + std::to_string(capacity);
+  if (batch < 1 || kv_heads < 1 || head_dim < 1 || value_dim < 1 || capacity < 1) {
+    fail("KvCache: every size must be >= 1 (" + dims + ")");
+  }
+  std::int64_t bh = 0, per_token = 0, total = 0;
+  if (__builtin_mul_overflow(batch, kv_heads, &bh) ||
+      __builtin_mul_overflow(bh, std::max(head_dim, value_dim), &per_token) ||
+      __builtin_mul_overflow(per_token, capacity, &total) || total > kMaxFloats) {
+    fail("KvCache: too large (" + dims + "; at most 2^40 floats of K or of V)");
+  }
+  s_ = std::make_unique<Storage>(
+      Storage{batch, kv_heads, head_dim, value_dim, 0, 0, growable, {}, {}});
+  s_->grow_to(capacity);
+}
+
+KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache&&) noexcept = default;
+KvCache& KvCache::operator=(KvCache&&) noexcept = default;
+
+std::int64_t KvCache::batch() const { return live(s_, "batch").B; }
+std::int64_t KvCache::kv_heads() const { return live(s_, "kv_heads").Hkv; }
+std::int64_t KvCache::head_dim() const { return live(s_, "head_dim").D; }
+std::int64_t KvCache::value_dim() const { return live(s_, "value_dim").Dv; }
+std::int64_t KvCache::length() const { return live(s_, "length").length; }
+std::int64_t KvCache::capacity() const { return live(s_, "capacity").capacity; }
+bool KvCache::growable() const { return live(s_, "growable").growable; }
+
+void KvCache::reserve(std::int64_t capacity) {
+  Storage& s = live(s_, "reserve");
+  if (capacity <= s.capacity) return;
+  if (!s.growable) {
+    fail("KvCache::reserve(" + std::to_string(capacity) + "): the cache has a fixed capacity of " +
+         std::to_string(s.capacity));
+  }
+  s.grow_to(capacity);
+}
+
+void KvCache::clear() { live(s_, "clear").length = 0; }
+
+void KvCache::truncate(std::int64_t length) {
+  Storage& s = live(s_, "truncate");
+  if (length < 0 || length > s.length) {
+    fail("KvCache::truncate(" + std::to_string(length) + "): must be in [0, " +
+         std::to_string(s.length) + "], the cached length");
+  }
+  s.length = length;
+}
+
+void KvCache::append(const TensorView& k, const TensorView& v) {
+  Storage& s = live(s_, "append");
+  check_f32("k", k, 4);
+  check_f32("v", v, 4);
+  const std::int64_t n = k.shape[2];
+  if (k.shape[0] != s.B || k.shape[1] != s.Hkv || k.shape[3] != s.D || v.shape[0] != s.B ||
+      v.shape[1] != s.Hkv || v.shape[2] != n || v.shape[3] != s.Dv) {
+    fail("KvCache::append: k " + shape_str(k) + " and v " + shape_str(v) + " must be " +
+         dims_str({s.B, s.Hkv, n, s.D}) + " and " + dims_str({s.B, s.Hkv, n, s.Dv}));
+  }
+  s.make_room(n);
+  s.store(k, s.k, s.D);
+  s.store(v, s.v, s.Dv);
+  s.length += n;
+}
+
+TensorView KvCache::keys() const {
+  const Storage& s = live(s_, "keys");
+  return s.view(s.k, s.D, s.length);
+}
+TensorView KvCache::values() const {
+  const Storage& s = live(s_, "values");
+  return s.view(s.v, s.Dv, s.length);
+}
+
+// ------------------------------------------------------------------------ MultiHeadAttention
+
+struct MultiHeadAttention::Impl {
+  MhaConfig cfg;
+  Linear wq, wk, wv, wo;
+
+  // Per-call intermediates in the context's per-thread layer scratch:
+  // Q [rows_q, H*D], K [rows_kv, Hkv*D], V [rows_kv, Hkv*Dv], A (heads' outputs) [rows_q, H*Dv].
+  struct Buffers {
+    float *q, *k, *v, *a;
+  };
+  // The caller holds a Lease on ctx's layer scratch of this thread for as long as it uses these.
+  Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv) const {
+    const auto pad = [](std::int64_t n) { return (n + 15) / 16 * 16; };
+    const std::int64_t nq = pad(rows_q * cfg.heads * cfg.head_dim);
+    const std::int64_t nk = pad(rows_kv * cfg.kv_heads * cfg.head_dim);
+    const std::int64_t nv = pad(rows_kv * cfg.kv_heads * cfg.value_dim);
+    const std::int64_t na = pad(rows_q * cfg.heads * cfg.value_dim);
+    float* base = detail::ContextAccess::impl(ctx).layer_scratch.local().get(
+        static_cast<std::size_t>(nq + nk + nv + na));
+    return {base, base + nq, base + nq + nk, base + nq + nk + nv};
+  }
+
+  // A [B, L, heads, width] buffer as the kernel's logical [B, heads, L, width].
+  static OutputView heads_view(float* p, std::int64_t B, std::int64_t L, std::int64_t heads,
+                               std::int64_t width) {
+    return OutputView::blhd(p, DType::f32, B, L, heads, width);
+  }
+
+  void check_io(const char* xname, const TensorView& x, const char* oname, const TensorView& out,
+                std::int64_t B, std::int64_t L) const {
+    check_f32(xname, x, 3);
+    if (x.shape[2] != cfg.d_model) {
+      fail(std::string(xname) + " " + shape_str(x) +
+           " must have d_model=" + std::to_string(cfg.d_model) + " features");
+    }
+    check_f32(oname, out, 3);
+    if (out.shape[0] != B || out.shape[1] != L || out.shape[2] != cfg.d_model) {
+      fail(std::string(oname) + " " + shape_str(out) + " must be " + dims_str({B, L, cfg.d_model}) +
+           " (" + xname + " " + shape_str(x) + ")");
+    }
+    detail::check_no_self_overlap(oname, out);
+  }
+};
+
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights& w) {
+  MhaConfig c = config;
+  if (c.d_model < 1 || c.heads < 1) {
+    fail("MhaConfig: d_model and heads must be >= 1, got d_model=" + std::to_string(c.d_model) +
+         ", heads=" + std::to_string(c.heads));
+  }
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
+  if (c.head_dim == 0) {
+    if (c.d_model % c.heads != 0) {
+      fail("MhaConfig: head_dim not given and d_model=" + std::to_string(c.d_model) +
+           " is not a multiple of heads=" + std::to_string(c.heads));
+    }
+    c.head_dim = c.d_model / c.heads;
+  }
+  if (c.value_dim == 0) c.value_dim = c.head_dim;
+  if (c.kv_heads < 1 || c.heads % c.kv_heads != 0 || c.head_dim < 1 || c.value_dim < 1) {
+    fail("MhaConfig: heads=" + std::to_string(c.heads) + " must be a multiple of kv_heads=" +
+         std::to_string(c.kv_heads) + ", and head_dim=" + std::to_string(c.head_dim) +
+         ", value_dim=" + std::to_string(c.value_dim) + " must be >= 1");
+  }
+  auto expect = [](const char* name, const TensorView& t, std::int64_t rows, std::int64_t cols) {
+    check_f32(name, t, 2);
+    if (t.shape[0] != rows || t.shape[1] != cols) {
+      fail(std::string(name) + " " + shape_str(t) + " must be " + dims_str({rows, cols}));
+    }
+  };
+  auto expect_bias = [](const char* name, const std::optional<TensorView>& b, std::int64_t n) {
+    if (!b) return;
+    check_f32(name, *b, 1);
+    if (b->shape[0] != n)
+      fail(std::string(name) + " " + shape_str(*b) + " must be [" + std::to_string(n) + "]");
+  };
+  const std::int64_t nq = c.heads * c.head_dim, nk = c.kv_heads * c.head_dim,
+                     nv = c.kv_heads * c.value_dim, na = c.heads * c.value_dim;
+  expect("wq", w.wq, c.d_model, nq);
+  expect("wk", w.wk, c.d_model, nk);
+  expect("wv", w.wv, c.d_model, nv);
+  expect("wo", w.wo, na, c.d_model);
+  expect_bias("bq", w.bq, nq);
+  expect_bias("bk", w.bk, nk);
+  expect_bias("bv", w.bv, nv);
+  expect_bias("bo", w.bo, c.d_model);
+  impl_ = std::make_unique<Impl>(
+      Impl{c, Linear(w.wq, w.bq), Linear(w.wk, w.bk), Linear(w.wv, w.bv), Linear(w.wo, w.bo)});
+}
+
+namespace {
+const MultiHeadAttention::Impl& live(const std::unique_ptr<MultiHeadAttention::Impl>& m,
+                                     const char* what) {
+  if (!m) fail(std::string("MultiHeadAttention::") + what + ": the layer was moved from");
+  return *m;
+}
+}  // namespace
+
+MultiHeadAttention::~MultiHeadAttention() = default;
+MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
+MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept = default;
+
+const MhaConfig& MultiHeadAttention::config() const { return live(impl_, "config").cfg; }
+
+KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity,
+                                       bool growable) const {
+  const MhaConfig& c = live(impl_, "make_cache").cfg;
+  return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable);
+}
+
+void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
+                                 const AttentionOptions& opts, Context* context) const {
+  forward_cross(x, x, out, opts, context);
+}
+
+void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,
+                                       const OutputView& out, const AttentionOptions& opts,
+                                       Context* context) const {
+  const Impl& m = live(impl_, "forward");
+  const MhaConfig& c = m.cfg;
+  check_f32("xq", xq, 3);
+  const std::int64_t B = xq.shape[0], Lq = xq.shape[1];
+  m.check_io("xq", xq, "out", out, B, Lq);
+  check_f32("xkv", xkv, 3);
+  if (xkv.shape[0] != B || xkv.shape[2] != c.d_model) {
+    fail("xkv " + shape_str(xkv) + " must be [" + std::to_string(B) + ",Lk," +
+         std::to_string(c.d_model) + "] (xq " + shape_str(xq) + ")");
+  }
+  const std::int64_t Lk = xkv.shape[1];
+  const detail::Extent oe = detail::extent_of("out", out);
+  detail::check_disjoint(
+      "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
+  Context& ctx = context != nullptr ? *context : default_context();
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
+  const Impl::Buffers buf = m.buffers(ctx, B * Lq, B * Lk);
+  const OutputView q = Impl::heads_view(buf.q, B, Lq, c.heads, c.head_dim);
+  const OutputView k = Impl::heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim);
+  const OutputView v = Impl::heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim);
+  const OutputView a = Impl::heads_view(buf.a, B, Lq, c.heads, c.value_dim);
+  // Every option (mask, key lengths, lse, weights) is checked against the shapes before anything
+  // is computed, so a bad option leaves `out` untouched.
+  const detail::Problem problem = detail::validate(q, k, v, a, opts, false);
+  check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
+
+  m.wq.forward(xq, f32_view(buf.q, {B, Lq, c.heads * c.head_dim}), &ctx);
+  m.wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
+  m.wv.forward(xkv, f32_view(buf.v, {B, Lk, c.kv_heads * c.value_dim}), &ctx);
+  detail::run_attention(problem, ctx);
+  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, Lq, c.heads * c.value_dim}), out,
+               &ctx);
+}
+
+void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,
+                                const AttentionOptions& opts_in, Context* context) const {
+  const Impl& m = live(impl_, "decode");
+  const MhaConfig& c = m.cfg;
+  check_f32("x", x, 3);
+  const std::int64_t B = x.shape[0], n = x.shape[1];
+  m.check_io("x", x, "out", out, B, n);
+  detail::check_disjoint("out", detail::extent_of("out", out), {{"x", detail::extent_of("x", x)}});
+  KvCache::Storage& s = live(cache.s_, "decode (cache)");
+  if (s.B != B || s.Hkv != c.kv_heads || s.D != c.head_dim || s.Dv != c.value_dim) {
+    fail("cache (batch=" + std::to_string(s.B) + ", kv_heads=" + std::to_string(s.Hkv) +
+         ", head_dim=" + std::to_string(s.D) + ", value_dim=" + std::to_string(s.Dv) +
+         ") does not fit this layer and x " + shape_str(x) + " (batch=" + std::to_string(B) +
+         ", kv_heads=" + std::to_string(c.kv_heads) + ", head_dim=" + std::to_string(c.head_dim) +
+         ", value_dim=" + std::to_string(c.value_dim) + ")");
+  }
+  if (opts_in.causal == Causal::top_left) {
+    fail(
+        "decode attends new tokens to the whole cache: opts.causal must be none or "
+        "bottom_right, not top_left");
+  }
+  AttentionOptions opts = opts_in;
+  opts.causal = Causal::bottom_right;
+  s.make_room(n);  // may grow (contents kept), or throws before anything changes
+  const std::int64_t len = s.length + n;
+
+  Context& ctx = context != nullptr ? *context : default_context();
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n);
+  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
+  const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
+  // Validated against the cache as it will be once this step's tokens are stored (the views
+  // cache.keys() / values() return then): once, before anything changes.
+  const detail::Problem problem =
+      detail::validate(q, s.view(s.k, s.D, len), s.view(s.v, s.Dv, len), a, opts, false);
+  check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
+
+  m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
+  m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);
+  m.wv.forward(x, f32_view(buf.v, {B, n, c.kv_heads * c.value_dim}), &ctx);
+  s.store(Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim), s.k, s.D);
+  s.store(Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim), s.v, s.Dv);
+  s.length = len;
+  detail::run_attention(problem, ctx);
+  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
+               &ctx);
+}
+
+}  // namespace cpuattn

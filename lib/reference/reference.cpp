@@ -1,0 +1,128 @@
+// The reference implementation: the oracle every fast path is tested against.
+// Deliberately plain: one query row at a time, every score materialized, double accumulation.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace cpuattn {
+namespace detail {
+namespace {
+
+double load(const void* base, DType dtype, std::int64_t offset) {
+  if (dtype == DType::f64) return static_cast<const double*>(base)[offset];
+  return static_cast<const float*>(base)[offset];
+}
+
+void store(void* base, DType dtype, std::int64_t offset, double value) {
+  if (dtype == DType::f64) {
+    static_cast<double*>(base)[offset] = value;
+  } else {
+    static_cast<float*>(base)[offset] = static_cast<float>(value);
+  }
+}
+
+// Returns -inf for a masked key, else the additive mask term (0 without one).
+double mask_term(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (j >= p.key_end(b, i)) return -std::numeric_limits<double>::infinity();
+  if (p.mask_kind == MaskKind::none) return 0.0;
+  const std::int64_t off = b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + j * p.mask.s[3];
+  if (p.mask_kind == MaskKind::boolean) {
+    return static_cast<const std::uint8_t*>(p.mask.data)[off] != 0
+               ? 0.0
+               : -std::numeric_limits<double>::infinity();
+  }
+  return load(p.mask.data, p.mask.dtype, off);
+}
+
+void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                   std::vector<double>& s) {
+  const std::int64_t hk = h / p.group;
+  const std::int64_t q_off = b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2];
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+
+  // Scores; the maximum propagates NaN so that a NaN score poisons its row, as it should.
+  double m = neg_inf;
+  for (std::int64_t j = 0; j < p.Lk; ++j) {
+    const double term = mask_term(p, b, h, i, j);
+    if (term == neg_inf) {
+      s[j] = neg_inf;
+      continue;
+    }
+    const std::int64_t k_off = b * p.k.s[0] + hk * p.k.s[1] + j * p.k.s[2];
+    double dot = 0;
+    for (std::int64_t d = 0; d < p.D; ++d) {
+      dot += load(p.q.data, p.q.dtype, q_off + d) * load(p.k.data, p.k.dtype, k_off + d);
+    }
+    s[j] = p.scale * dot + term;
+    if (std::isnan(s[j]) || std::isnan(m)) {
+      m = std::numeric_limits<double>::quiet_NaN();
+    } else if (s[j] > m) {
+      m = s[j];
+    }
+  }
+
+  const std::int64_t o_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+  if (m == neg_inf) {  // every key masked: out 0, lse -inf, weights 0
+    for (std::int64_t d = 0; d < p.Dv; ++d) store(p.out, p.out_dtype, o_off + d, 0.0);
+    if (p.lse) store(p.lse, p.lse_dtype, b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2], neg_inf);
+    if (p.weights) {
+      const std::int64_t w_off = b * p.weights_s[0] + h * p.weights_s[1] + i * p.weights_s[2];
+      for (std::int64_t j = 0; j < p.Lk; ++j)
+        store(p.weights, p.weights_dtype, w_off + j * p.weights_s[3], 0.0);
+    }
+    return;
+  }
+
+  double l = 0;
+  for (std::int64_t j = 0; j < p.Lk; ++j) {
+    s[j] = std::exp(s[j] - m);  // exp(-inf) = 0 for masked keys
+    l += s[j];
+  }
+  std::vector<double> acc(static_cast<std::size_t>(p.Dv), 0.0);
+  for (std::int64_t j = 0; j < p.Lk; ++j) {
+    if (s[j] == 0.0) continue;
+    const std::int64_t v_off = b * p.v.s[0] + hk * p.v.s[1] + j * p.v.s[2];
+    for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += s[j] * load(p.v.data, p.v.dtype, v_off + d);
+  }
+  for (std::int64_t d = 0; d < p.Dv; ++d) store(p.out, p.out_dtype, o_off + d, acc[d] / l);
+  if (p.lse) {
+    store(p.lse, p.lse_dtype, b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2], m + std::log(l));
+  }
+  if (p.weights) {
+    const std::int64_t w_off = b * p.weights_s[0] + h * p.weights_s[1] + i * p.weights_s[2];
+    for (std::int64_t j = 0; j < p.Lk; ++j)
+      store(p.weights, p.weights_dtype, w_off + j * p.weights_s[3], s[j] / l);
+  }
+}
+
+}  // namespace
+
+void run_reference(const Problem& p) {
+  // Rows are independent, so any thread count gives identical results.
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 16),
+                    [&](const tbb::blocked_range<std::int64_t>& r) {
+                      std::vector<double> s(static_cast<std::size_t>(p.Lk));
+                      for (std::int64_t row = r.begin(); row < r.end(); ++row) {
+                        const std::int64_t i = row % p.Lq;
+                        const std::int64_t h = (row / p.Lq) % p.H;
+                        const std::int64_t b = row / (p.Lq * p.H);
+                        reference_row(p, b, h, i, s);
+                      }
+                    });
+}
+
+}  // namespace detail
+
+void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const OutputView& out, const AttentionOptions& opts) {
+  const detail::Problem p = detail::validate(q, k, v, out, opts, /*allow_f64=*/true);
+  detail::run_reference(p);
+}
+
+}  // namespace cpuattn

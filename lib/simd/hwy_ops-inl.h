@@ -1,0 +1,129 @@
+// The Highway provider of the vector contract (simd/contract.h): HwyOps, and `Ops`, the provider
+// every kernel of a Highway unit is instantiated with. Include after <hwy/highway.h> in a unit
+// compiled per target with <hwy/foreach_target.h> (see kernels/flash/flash_hwy.cc).
+#if defined(CPUATTN_SIMD_HWY_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_SIMD_HWY_OPS_INL_H_
+#undef CPUATTN_SIMD_HWY_OPS_INL_H_
+#else
+#define CPUATTN_SIMD_HWY_OPS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "simd/contract.h"
+#include "simd/target_namespace.h"
+#include "simd/tiles.h"
+#include "simd/x86-inl.h"
+
+CPUATTN_NAMESPACE_BEGIN
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Constants are made inside functions: vectors at namespace scope would be constructed with the
+// wrong target's instructions.
+struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
+  using D = hn::ScalableTag<float>;
+  using V = hn::Vec<D>;
+  using M = hn::Mask<D>;
+  static constexpr int kLanes = static_cast<int>(hn::MaxLanes(D()));
+  static constexpr const char* kProvider = "highway";
+
+  static HWY_INLINE V Zero() { return hn::Zero(D()); }
+  static HWY_INLINE V Set(float x) { return hn::Set(D(), x); }
+  static HWY_INLINE V Iota() { return hn::Iota(D(), 0.0f); }
+  static HWY_INLINE V Load(const float* p) { return hn::Load(D(), p); }
+  static HWY_INLINE V LoadU(const float* p) { return hn::LoadU(D(), p); }
+  static HWY_INLINE void Store(V v, float* p) { hn::Store(v, D(), p); }
+  static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(v, D(), p); }
+  static HWY_INLINE void Stream(V v, float* p) { hn::Stream(v, D(), p); }
+  static HWY_INLINE void StreamFence() { x86::StreamFence(); }
+  static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }
+  static HWY_INLINE V Sub(V a, V b) { return hn::Sub(a, b); }
+  static HWY_INLINE V Mul(V a, V b) { return hn::Mul(a, b); }
+  static HWY_INLINE V Div(V a, V b) { return hn::Div(a, b); }
+  static HWY_INLINE V MulAdd(V a, V b, V c) { return hn::MulAdd(a, b, c); }
+  static HWY_INLINE V Min(V a, V b) { return hn::Min(a, b); }
+  static HWY_INLINE V Max(V a, V b) { return hn::Max(a, b); }
+  static HWY_INLINE V Abs(V a) { return hn::Abs(a); }
+  static HWY_INLINE V Floor(V x) { return hn::Floor(x); }
+  static HWY_INLINE M Lt(V a, V b) { return hn::Lt(a, b); }
+  static HWY_INLINE M Ge(V a, V b) { return hn::Ge(a, b); }
+  static HWY_INLINE M IsNaN(V a) { return hn::IsNaN(a); }
+  static HWY_INLINE V IfThenElse(M m, V a, V b) { return hn::IfThenElse(m, a, b); }
+  static HWY_INLINE V CopySignToAbs(V a, V s) { return hn::CopySignToAbs(a, s); }
+  static HWY_INLINE float ReduceSum(V v) { return hn::GetLane(hn::SumOfLanes(D(), v)); }
+
+  static HWY_INLINE float ReduceMax(V v) {
+#if HWY_TARGET == HWY_EMU128
+    // Highway 1.0.3's EMU128 MaxOfLanes starts from the lowest finite float, so all -inf lanes
+    // give -3.4e38 and a fully masked row turned into NaN (first seen with clang, whose fallback
+    // target this is).
+    alignas(64) float lanes[kLanes];
+    Store(v, lanes);
+    float m = lanes[0];
+    for (int i = 1; i < kLanes; ++i) m = lanes[i] > m ? lanes[i] : m;
+    return m;
+#else
+    return hn::GetLane(hn::MaxOfLanes(D(), v));
+#endif
+  }
+
+  static HWY_INLINE V KeepIfByteSet(V s, const std::uint8_t* bytes) {
+    const hn::Rebind<std::uint8_t, D> d8;
+    const hn::Rebind<std::int32_t, D> di;
+    const auto b = hn::PromoteTo(di, hn::LoadU(d8, bytes));
+    const auto keep = hn::RebindMask(D(), hn::Ne(b, hn::Zero(di)));
+    return hn::IfThenElse(keep, s, Set(-std::numeric_limits<float>::infinity()));
+  }
+
+#if CPUATTN_SIMD_BITS == 512
+  static HWY_INLINE V FloorFrac(V x) { return V{x86::FloorFrac(x.raw)}; }
+  static HWY_INLINE V LdExpFloor(V p, V x) { return V{x86::LdExpFloor(p.raw, x.raw)}; }
+#else
+  static HWY_INLINE V FloorFrac(V x) { return hn::Sub(x, hn::Floor(x)); }
+  static HWY_INLINE V LdExpFloor(V p, V x) {
+    const hn::RebindToSigned<D> di;
+    V n = hn::Floor(x);
+#if CPUATTN_SIMD_BITS == 0
+    // The emulated ConvertTo is a C++ cast: NaN or a value past int32 is undefined behaviour
+    // there (UBSan caught NaN under clang), where x86's cvttps returns 0x80000000, which the
+    // shift below turns into 1.0 (and p carries the NaN).
+    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()),
+                       hn::Min(hn::Max(n, Set(-127.0f)), Set(128.0f)));
+#endif
+    const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+    return hn::IfThenElse(hn::Lt(x, Set(-126.0f)), Zero(), hn::Mul(p, hn::BitCast(D(), bits)));
+  }
+#endif
+
+  // Packing K into key-major panels is a transpose; done a lane at a time it costs a store per
+  // element, which for cross attention and decode rivals the arithmetic.
+  static HWY_INLINE void Transpose(V* r) {
+#if CPUATTN_SIMD_BITS > 0
+    decltype(r[0].raw) raw[kLanes];
+    for (int i = 0; i < kLanes; ++i) raw[i] = r[i].raw;
+    x86::Transpose(raw);
+    for (int i = 0; i < kLanes; ++i) r[i].raw = raw[i];
+#else
+    // Portable targets (SCALAR with 1 lane under g++, EMU128 with 4 under clang): through
+    // memory. These targets are the fallback, correct rather than fast.
+    alignas(64) float m[kLanes * kLanes];
+    for (int i = 0; i < kLanes; ++i) Store(r[i], m + i * kLanes);
+    for (int i = 0; i < kLanes; ++i) {
+      alignas(64) float col[kLanes];
+      for (int j = 0; j < kLanes; ++j) col[j] = m[j * kLanes + i];
+      r[i] = Load(col);
+    }
+#endif
+  }
+};
+static_assert(simd::VectorOps<HwyOps>);
+
+// The provider this unit's kernels are instantiated with.
+using Ops = HwyOps;
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_SIMD_HWY_OPS_INL_H_

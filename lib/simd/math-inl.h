@@ -1,0 +1,77 @@
+// exp2 and tanh, written once against the vector contract (simd/contract.h) for every target of
+// every provider. Each states its maximum error and valid range; tests/kernels asserts them on
+// every target and provider against double precision.
+#if defined(CPUATTN_SIMD_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_SIMD_MATH_INL_H_
+#undef CPUATTN_SIMD_MATH_INL_H_
+#else
+#define CPUATTN_SIMD_MATH_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+
+#include "simd/contract.h"
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// 2^x. Maximum relative error 3e-7 (2.5 ulp) for x in [-126, 127]; x < -126 gives exactly 0
+// (never a denormal), so a masked score of -inf gives 0; NaN gives NaN; above 127 unspecified.
+// Method: x = n + f with n = floor(x) and f in [0, 1) (FloorFrac: one vreduceps on AVX-512);
+// 2^f by a degree-5 polynomial fitted for minimum relative error on [0, 1) (1.45e-7 in f32 Horner
+// form); LdExpFloor applies 2^n from x itself (vscalefps on AVX-512, the exponent bits
+// elsewhere), and zeroes the lanes below -126 whatever the polynomial gave for them.
+template <class O>
+CPUATTN_INLINE typename O::V Exp2(typename O::V x) {
+  const typename O::V f = O::FloorFrac(x);
+  typename O::V p = O::Set(1.8762338e-03f);
+  p = O::MulAdd(p, f, O::Set(8.992582e-03f));
+  p = O::MulAdd(p, f, O::Set(5.5823606e-02f));
+  p = O::MulAdd(p, f, O::Set(2.4015453e-01f));
+  p = O::MulAdd(p, f, O::Set(6.9315296e-01f));
+  p = O::MulAdd(p, f, O::Set(9.9999994e-01f));
+  return O::LdExpFloor(p, x);
+}
+
+// tanh(x). Maximum relative error 4e-7 over all finite floats; tanh(+-inf) = +-1; NaN gives NaN.
+// Method: for |x| < 0.625, x + x^3 P(x^2) with P of degree 4 fitted for minimum relative error on
+// [0, 0.625] (1.3 ulp in f32); above, 1 - 2 / (2^(2 log2(e) |x|) + 1), which has no cancellation
+// once tanh >= 0.55, with Exp2's 3e-7; |x| >= 9 gives exactly +-1 (the true value rounds to 1
+// there). The sign is copied back from x.
+template <class O>
+CPUATTN_INLINE typename O::V Tanh(typename O::V x) {
+  using V = typename O::V;
+  const V ax = O::Abs(x);
+  const V x2 = O::Mul(ax, ax);
+  V p = O::Set(-0.0057049766182899475f);
+  p = O::MulAdd(p, x2, O::Set(0.020639078691601753f));
+  p = O::MulAdd(p, x2, O::Set(-0.05373971164226532f));
+  p = O::MulAdd(p, x2, O::Set(0.13331441581249237f));
+  p = O::MulAdd(p, x2, O::Set(-0.3333328068256378f));
+  const V small = O::MulAdd(O::Mul(ax, x2), p, ax);
+  const V e = Exp2<O>(O::Mul(O::Min(ax, O::Set(9.0f)), O::Set(2.8853900817779268f)));
+  const V large = O::Sub(O::Set(1.0f), O::Div(O::Set(2.0f), O::Add(e, O::Set(1.0f))));
+  V t = O::IfThenElse(O::Lt(ax, O::Set(0.625f)), small, large);
+  t = O::IfThenElse(O::Ge(ax, O::Set(9.0f)), O::Set(1.0f), t);
+  t = O::IfThenElse(O::IsNaN(x), x, t);
+  return O::CopySignToAbs(t, x);
+}
+
+// out[i] = f(in[i]) for a vector function f; the tail goes through a zero-padded vector.
+template <class O, class F>
+void MapArray(const float* in, float* out, std::size_t n, F f) {
+  constexpr std::size_t N = O::kLanes;
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) O::StoreU(f(O::LoadU(in + i)), out + i);
+  if (i < n) {
+    alignas(64) float buf[N] = {};
+    std::copy(in + i, in + n, buf);
+    O::Store(f(O::Load(buf)), buf);
+    std::copy(buf, buf + (n - i), out + i);
+  }
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_SIMD_MATH_INL_H_

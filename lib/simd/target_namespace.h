@@ -1,0 +1,65 @@
+// Where per-target code lives, for both SIMD providers.
+//
+// Every kernel header (`*-inl.h`) is compiled once per SIMD target, inside that target's own
+// namespace, so the same template instantiated for AVX2 and for AVX-512 never meets at link time:
+//   * a Highway unit includes <hwy/foreach_target.h>, which re-includes the unit once per
+//     Highway target; the namespace is cpuattn::HWY_NAMESPACE (cpuattn::N_AVX3, ...) and
+//     HWY_BEFORE_NAMESPACE attaches that target's instruction set to every function in it;
+//   * an xsimd unit is compiled once per architecture with that architecture's compiler flags
+//     (lib/CMakeLists.txt defines CPUATTN_XSIMD_ARCH = 128, 256 or 512); the namespace is
+//     cpuattn::xsimd_sse4, xsimd_avx2 or xsimd_avx512.
+// A kernel header wraps its body in CPUATTN_NAMESPACE_BEGIN / _END and uses the per-target include
+// guard of Highway's skeleton-inl.h:
+//   #if defined(MY_INL_H_) == defined(HWY_TARGET_TOGGLE)
+//   #ifdef MY_INL_H_ / #undef MY_INL_H_ / #else / #define MY_INL_H_ / #endif
+// HWY_TARGET_TOGGLE is flipped by foreach_target.h before each Highway pass and never defined in
+// an xsimd unit, where the guard is therefore an ordinary include guard.
+#pragma once
+
+// Function attributes the kernels use; plain GCC/Clang spellings so that xsimd units need no
+// Highway header.
+#define CPUATTN_INLINE inline __attribute__((always_inline))
+#define CPUATTN_RESTRICT __restrict__
+#define CPUATTN_PRAGMA(tokens) _Pragma(#tokens)
+#if defined(__clang__)
+#define CPUATTN_UNROLL(n) CPUATTN_PRAGMA(unroll n)
+#else
+#define CPUATTN_UNROLL(n) CPUATTN_PRAGMA(GCC unroll n)
+#endif
+
+#if defined(CPUATTN_XSIMD_ARCH)
+#define CPUATTN_SIMD_BITS CPUATTN_XSIMD_ARCH
+#if CPUATTN_XSIMD_ARCH == 512
+#define CPUATTN_TARGET_NS xsimd_avx512
+#elif CPUATTN_XSIMD_ARCH == 256
+#define CPUATTN_TARGET_NS xsimd_avx2
+#elif CPUATTN_XSIMD_ARCH == 128
+#define CPUATTN_TARGET_NS xsimd_sse4
+#else
+#error "CPUATTN_XSIMD_ARCH must be 128, 256 or 512"
+#endif
+#define CPUATTN_NAMESPACE_BEGIN \
+  namespace cpuattn {           \
+  namespace CPUATTN_TARGET_NS {
+#define CPUATTN_NAMESPACE_END \
+  }                           \
+  }
+#else
+// A Highway unit: the including file has included <hwy/highway.h> for the current target.
+// Vector width of the x86 target being compiled (0 for the portable EMU128/SCALAR targets and
+// other architectures); evaluated anew in every foreach_target pass.
+#define CPUATTN_SIMD_BITS                                                             \
+  (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3                                ? 512        \
+   : HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2                              ? 256        \
+   : HWY_ARCH_X86 && (HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3) ? 128        \
+                                                                         : 0)
+#define CPUATTN_TARGET_NS HWY_NAMESPACE
+#define CPUATTN_NAMESPACE_BEGIN \
+  HWY_BEFORE_NAMESPACE();       \
+  namespace cpuattn {           \
+  namespace HWY_NAMESPACE {
+#define CPUATTN_NAMESPACE_END \
+  }                           \
+  }                           \
+  HWY_AFTER_NAMESPACE();
+#endif

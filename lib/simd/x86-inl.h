@@ -1,0 +1,137 @@
+// x86 building blocks on raw registers (__m128 / __m256 / __m512), shared by both SIMD providers:
+// operations neither Highway 1.0.3 nor xsimd 8.1 offers in the form the kernels need (register
+// transposes, the AVX-512 exp2 reduction and scaling), plus the few xsimd lacks (horizontal max,
+// byte masks, streaming stores). Each provider converts its vector type to the raw register and
+// back, so the instruction sequences exist once.
+//
+// Only the functions of the width being compiled are defined (CPUATTN_SIMD_BITS, see
+// simd/target_namespace.h): the others would need instructions this target may not have.
+#if defined(CPUATTN_SIMD_X86_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_SIMD_X86_INL_H_
+#undef CPUATTN_SIMD_X86_INL_H_
+#else
+#define CPUATTN_SIMD_X86_INL_H_
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+namespace x86 {
+
+CPUATTN_INLINE void StreamFence() { _mm_sfence(); }
+
+#if CPUATTN_SIMD_BITS == 512
+// 16 x 16 floats: 32-bit and 64-bit unpacks within 128-bit blocks, then two rounds of 128-bit
+// block shuffles (48 shuffles where a lane-by-lane transpose costs a store per element).
+CPUATTN_INLINE void Transpose(__m512* r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + k], block m: column 4m + k of rows 4g..4g+3
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
+    const __m512 x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+    r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+    r[4 + k] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(x0, y0, 0xdd);
+    r[12 + k] = _mm512_shuffle_f32x4(x1, y1, 0xdd);
+  }
+}
+
+// x - floor(x) in one vreduceps (round down, 0 fraction bits kept).
+CPUATTN_INLINE __m512 FloorFrac(__m512 x) {
+  return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+// p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x < -126 are zeroed by
+// the mask (the comparison is true for NaN, so NaN stays NaN).
+CPUATTN_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  return _mm512_maskz_scalef_ps(keep, p, x);
+}
+
+CPUATTN_INLINE float ReduceMax(__m512 v) { return _mm512_reduce_max_ps(v); }
+
+CPUATTN_INLINE __m512 KeepIfByteSet(__m512 s, const std::uint8_t* bytes) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  const __mmask16 set = _mm_test_epi8_mask(b, b);
+  return _mm512_mask_blend_ps(set, _mm512_set1_ps(-__builtin_inff()), s);
+}
+
+CPUATTN_INLINE void Stream(__m512 v, float* p) { _mm512_stream_ps(p, v); }
+
+#elif CPUATTN_SIMD_BITS == 256
+CPUATTN_INLINE void Transpose(__m256* r) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {
+    s[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    s[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(s[k], s[4 + k], 0x20);
+    r[4 + k] = _mm256_permute2f128_ps(s[k], s[4 + k], 0x31);
+  }
+}
+
+CPUATTN_INLINE float ReduceMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+CPUATTN_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) {
+  const __m256i b =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  const __m256 unset = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
+  return _mm256_blendv_ps(s, _mm256_set1_ps(-__builtin_inff()), unset);
+}
+
+CPUATTN_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
+
+#elif CPUATTN_SIMD_BITS == 128
+CPUATTN_INLINE void Transpose(__m128* r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
+
+CPUATTN_INLINE float ReduceMax(__m128 m) {
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+CPUATTN_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) {
+  std::int32_t four;
+  std::memcpy(&four, bytes, 4);
+  const __m128i b = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+  const __m128 unset = _mm_castsi128_ps(_mm_cmpeq_epi32(b, _mm_setzero_si128()));
+  return _mm_blendv_ps(s, _mm_set1_ps(-__builtin_inff()), unset);
+}
+
+CPUATTN_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
+#endif
+
+}  // namespace x86
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_SIMD_X86_INL_H_
