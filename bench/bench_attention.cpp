@@ -88,8 +88,7 @@ int Register() {
                                    s.name + "/" + cpuattn::simd_name(simd) + "/" +
                                    cpuattn::target_name(t);
           benchmark::RegisterBenchmark(
-              name.c_str(),
-              [s, simd, t, impl](benchmark::State& st) { run(st, s, simd, t, impl); })
+              name.c_str(), [s, simd, t, impl](benchmark::State& st) { run(st, s, simd, t, impl); })
               ->ArgName("threads")
               ->Arg(1)
               ->Arg(2)

@@ -40,14 +40,19 @@ constexpr double kEps = std::numeric_limits<float>::epsilon();
 constexpr double kHuge = 0x1p100;  // beyond this, a row's f32 arithmetic may overflow
 constexpr double kLog2e = 1.4426950408889634;
 
-Context* context(Target t, int threads) {
+// One context per (provider, target, thread count).
+Context* context(Simd simd, Target t, int threads) {
   static Context* cs = [] {
-    static Context all[] = {Context(1), Context(1), Context(1), Context(1),
+    static Context all[] = {Context(1), Context(1), Context(1), Context(1), Context(2), Context(2),
+                            Context(2), Context(2), Context(1), Context(1), Context(1), Context(1),
                             Context(2), Context(2), Context(2), Context(2)};
-    for (int i = 0; i < 8; ++i) all[i].set_max_target(static_cast<Target>(i % 4));
+    for (int i = 0; i < 16; ++i) {
+      all[i].set_max_target(static_cast<Target>(i % 4));
+      all[i].set_simd(i < 8 ? Simd::highway : Simd::xsimd);
+    }
     return all;
   }();
-  return &cs[static_cast<int>(t) + 4 * (threads - 1)];
+  return &cs[static_cast<int>(t) + 4 * (threads - 1) + 8 * static_cast<int>(simd)];
 }
 
 // A tensor's elements as dense doubles [n0][n1][n2][n3], for the oracle's loops.
@@ -151,6 +156,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool ask_lse = in.chance(60), ask_weights = in.chance(10);
   const Target target = static_cast<Target>(in.range(0, 3));  // scalar, sse4, avx2, avx512
   const int threads = static_cast<int>(in.range(1, 2));
+  // The provider from the input's length, not from its bytes, so that the seed corpus keeps
+  // decoding to the same problems and still covers both providers.
+  const Simd simd = size % 2 == 1 ? Simd::xsimd : Simd::highway;
   fill_values(p, in, 0x2545F4914F6CDD1DULL * (size + 1));
   const bool verbose = std::getenv("CPUATTN_FUZZ_VERBOSE") != nullptr;
   if (verbose) describe(p);
@@ -193,7 +201,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   AttentionOptions fast_opts = opts;
   if (ask_lse) fast_opts.lse = f32_view(lse.data(), {p.B, p.H, p.Lq});
   if (ask_weights) fast_opts.weights = f32_view(w.data(), {p.B, p.H, p.Lq, p.Lk});
-  Context* ctx = context(target, threads);
+  Context* ctx = context(simd, target, threads);
   attention(p.q.in(), p.k.in(), p.v.in(), out.out(), fast_opts, ctx);
 
   for (std::int64_t row = 0; row < rows; ++row) {

@@ -434,7 +434,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Context* ctx = pick_context(in);
   if (in.chance(3)) {
     // A value outside enum Target must be refused with cpuattn::Error, and the Context keeps its
-    // cap (it used to be stored and index kernels_for()'s table out of bounds).
+    // cap (it used to be stored and index the dispatch table out of bounds).
     Context scratch(1);
     bool refused = false;
     try {
@@ -444,6 +444,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     FUZZ_CHECK(refused, "set_max_target accepted a value outside enum Target");
     FUZZ_CHECK(scratch.max_target() == Target::best, "a refused target changed the cap");
+    bool refused_simd = false;
+    try {
+      scratch.set_simd(static_cast<Simd>(in.range(2, 255)));
+    } catch (const Error&) {
+      refused_simd = true;
+    }
+    FUZZ_CHECK(refused_simd, "set_simd accepted a value outside enum Simd");
+    FUZZ_CHECK(scratch.simd() == Simd::highway, "a refused provider changed the context");
   }
 
   place(a);

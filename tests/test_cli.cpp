@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -439,6 +440,29 @@ TEST_F(Cli, Help) {
                              "--weights", "--threads", "--reference", "Example"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << "run --help lacks " << option;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Every bench record names its provider: --simd measures several in one run, CPUATTN_SIMD sets
+// the default.
+TEST_F(Cli, BenchNamesTheSimdProviderOfEachRecord) {
+  const Result both =
+      run("bench --shape 1,2,8,8,16 --threads 1 --repeat 1 --json --simd highway,xsimd");
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_NE(both.out.find("\"simd\":\"highway\""), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("\"simd\":\"xsimd\""), std::string::npos) << both.out;
+  ::setenv("CPUATTN_SIMD", "xsimd", 1);
+  const Result env = run("bench --shape 1,2,8,8,16 --threads 1 --repeat 1 --json");
+  ::unsetenv("CPUATTN_SIMD");
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_NE(env.out.find("\"simd\":\"xsimd\""), std::string::npos) << env.out;
+  EXPECT_EQ(env.out.find("\"simd\":\"highway\""), std::string::npos) << env.out;
+  const Result bad = run("bench --shape 1,2,8,8,16 --simd neon");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.err.find("--simd"), std::string::npos) << bad.err;
 }
 
 }  // namespace

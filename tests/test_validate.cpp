@@ -214,3 +214,37 @@ TEST(Validate, ContextAndTargets) {
 
 }  // namespace
 }  // namespace cpuattn::test
+
+namespace cpuattn::test {
+namespace {
+
+TEST(Simd, ProviderSelectionAndFallback) {
+  EXPECT_EQ(parse_simd("xsimd"), Simd::xsimd);
+  EXPECT_EQ(parse_simd("highway"), Simd::highway);
+  try {
+    parse_simd("neon");
+    ADD_FAILURE() << "parse_simd accepted 'neon'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'neon'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("highway or xsimd"), std::string::npos) << e.what();
+  }
+  Context c(1);
+  EXPECT_EQ(c.simd(), Simd::highway);
+  EXPECT_THROW(c.set_simd(static_cast<Simd>(7)), Error);
+  EXPECT_EQ(c.simd(), Simd::highway) << "a refused provider must not change the context";
+  c.set_simd(Simd::xsimd);
+  EXPECT_EQ(c.simd(), Simd::xsimd);
+  // xsimd has no portable unit: a scalar cap runs Highway's, and says so.
+  c.set_max_target(Target::scalar);
+  EXPECT_EQ(active_simd(&c), Simd::highway);
+  EXPECT_EQ(active_target(&c), Target::scalar);
+  for (Target t : machine_targets()) {
+    if (t == Target::scalar) continue;
+    c.set_max_target(t);
+    EXPECT_EQ(active_simd(&c), Simd::xsimd) << target_name(t);
+    EXPECT_EQ(active_target(&c), t);
+  }
+}
+
+}  // namespace
+}  // namespace cpuattn::test

@@ -142,6 +142,7 @@ void check_files(const NamedPaths& outputs, const NamedPaths& inputs) {
 std::unique_ptr<Context> make_context(int threads) {
   auto context = std::make_unique<Context>(threads);
   context->set_max_target(active_target());
+  context->set_simd(default_context().simd());
   return context;
 }
 

@@ -62,8 +62,9 @@ using NamedPaths = std::vector<std::pair<const char*, std::string>>;
 void check_files(const NamedPaths& outputs, const NamedPaths& inputs);
 
 // An owned context on `threads` threads (0 = the caller's arena) with the default context's
-// target, so that CPUATTN_TARGET still applies. Owning it frees its scratch memory at exit; the
-// never-destroyed default context shows up as a leak under LeakSanitizer.
+// target and SIMD provider, so that CPUATTN_TARGET and CPUATTN_SIMD still apply. Owning it frees
+// its scratch memory at exit; the never-destroyed default context shows up as a leak under
+// LeakSanitizer.
 std::unique_ptr<Context> make_context(int threads);
 // The --threads N option (for make_context).
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads);

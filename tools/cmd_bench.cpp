@@ -97,6 +97,7 @@ struct Options {
   bool causal = false;
   std::vector<int> threads = {1, 2};
   std::string target = "best";
+  std::vector<std::string> simd;  // empty: the default context's provider (CPUATTN_SIMD)
   int repeat = 7;
   bool json = false;
 };
@@ -217,21 +218,29 @@ int run_bench(const Options& o) {
     }
   }
   const Target cap = parse_target(o.target);
+  std::vector<Simd> providers;
+  for (const auto& name : o.simd) providers.push_back(parse_simd(name));
+  if (providers.empty()) providers.push_back(default_context().simd());
   const bool any_memory =
       std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.memory_bound; });
 
   // The probes run before and after the cases and the best reading of each is kept: on a shared
   // machine one probe can run while a neighbour holds a core (seen here: a 2-thread FMA probe
   // reading 272 GFLOP/s instead of 428, which put P1 at "106% of peak").
+  // With several providers, each probe keeps the best provider's reading: the machine's ceiling
+  // does not depend on which library emitted the FMAs, and every row is judged against one peak.
   std::map<int, double> peak, tile, bw;
   const auto probe = [&] {
     for (int t : o.threads) {
-      Context probe_ctx(t);
-      probe_ctx.set_max_target(cap);
-      peak[t] = std::max(peak[t], measure_fma_peak_gflops(t, &probe_ctx));
-      tile[t] = std::max(tile[t], measure_tile_gflops(t, &probe_ctx));
-      if (any_memory) {
-        bw[t] = std::max(bw[t], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx));
+      for (Simd simd : providers) {
+        Context probe_ctx(t);
+        probe_ctx.set_max_target(cap);
+        probe_ctx.set_simd(simd);
+        peak[t] = std::max(peak[t], measure_fma_peak_gflops(t, &probe_ctx));
+        tile[t] = std::max(tile[t], measure_tile_gflops(t, &probe_ctx));
+        if (any_memory) {
+          bw[t] = std::max(bw[t], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx));
+        }
       }
     }
   };
@@ -241,24 +250,35 @@ int run_bench(const Options& o) {
     const Case* c;
     int threads;
     double median_ms;
-    std::string target;
+    std::string target, simd;
   };
   std::vector<Row> rows;
   for (const Case& c : cases) {
     for (int t : o.threads) {
-      Context ctx(t);
-      ctx.set_max_target(cap);
-      c.run(ctx);  // warm-up: scratch allocation, page faults, thread start
-      std::vector<double> ms;
-      for (int r = 0; r < o.repeat; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        c.run(ctx);
-        ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count());
+      // One context per provider, timed in turns (run r of every provider, then run r + 1), so a
+      // neighbour's load on the shared machine falls on all providers alike.
+      std::vector<std::unique_ptr<Context>> ctxs;
+      for (Simd simd : providers) {
+        ctxs.push_back(std::make_unique<Context>(t));
+        ctxs.back()->set_max_target(cap);
+        ctxs.back()->set_simd(simd);
+        c.run(*ctxs.back());  // warm-up: scratch allocation, page faults, thread start
       }
-      std::sort(ms.begin(), ms.end());
-      rows.push_back({&c, t, ms[ms.size() / 2], target_name(active_target(&ctx))});
+      std::vector<std::vector<double>> ms(providers.size());
+      for (int r = 0; r < o.repeat; ++r) {
+        for (std::size_t i = 0; i < providers.size(); ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          c.run(*ctxs[i]);
+          ms[i].push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
+        }
+      }
+      for (std::size_t i = 0; i < providers.size(); ++i) {
+        std::sort(ms[i].begin(), ms[i].end());
+        rows.push_back({&c, t, ms[i][ms[i].size() / 2], target_name(active_target(ctxs[i].get())),
+                        simd_name(active_simd(ctxs[i].get()))});
+      }
     }
   }
   probe();
@@ -276,8 +296,8 @@ int run_bench(const Options& o) {
       if (any_memory) std::printf(", %.1f GB/s read", bw[t]);
       std::printf("\n");
     }
-    std::printf("\n%-5s %-34s %7s %10s %9s %7s %8s %6s\n", "shape", "dims", "threads", "median_ms",
-                "GFLOP/s", "%peak", "GB/s", "%bw");
+    std::printf("\n%-5s %-34s %-7s %7s %10s %9s %7s %8s %6s\n", "shape", "dims", "simd", "threads",
+                "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
   }
 
   for (const Row& row : rows) {
@@ -288,19 +308,19 @@ int run_bench(const Options& o) {
     const double gbps = c.bytes / (med * 1e-3) * 1e-9;
     const double pct = 100.0 * gflops / peak[t];
     if (o.json) {
-      nlohmann::json j = {{"shape", c.name},       {"dims", c.dims},         {"threads", t},
-                          {"target", row.target},  {"median_ms", med},       {"gflops", gflops},
-                          {"gbps", gbps},          {"peak_gflops", peak[t]}, {"pct_peak", pct},
-                          {"tile_gflops", tile[t]}};
+      nlohmann::json j = {{"shape", c.name},      {"dims", c.dims},        {"threads", t},
+                          {"target", row.target}, {"simd", row.simd},      {"median_ms", med},
+                          {"gflops", gflops},     {"gbps", gbps},          {"peak_gflops", peak[t]},
+                          {"pct_peak", pct},      {"tile_gflops", tile[t]}};
       if (any_memory) {
         j["read_gbps"] = bw[t];
         j["pct_bw"] = 100.0 * gbps / bw[t];
       }
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-5s %-34s %7d %10.3f %9.1f %6.1f%% %8.1f",
-                  c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), t, med, gflops, pct,
-                  gbps);
+      std::printf("%-5s %-34s %-7s %7d %10.3f %9.1f %6.1f%% %8.1f",
+                  c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), row.simd.c_str(), t,
+                  med, gflops, pct, gbps);
       if (c.memory_bound && bw.count(t)) std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
       std::printf("\n");
     }
@@ -324,7 +344,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
       "B8 L512 d_model768 H12; M2 its decode step, B8, one new token against 4096 cached ones\n"
       "(GB/s counts weights + KV cache read).\n"
-      "Example: cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json");
+      "Example: cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json\n"
+      "         cpuattn bench --shape P1 --simd highway,xsimd");
   cmd->add_option("--shape", opts->shapes,
                   "Named shape or B,H,Lq,Lk,D[,Hkv[,Dv]] (repeatable; default: all named shapes)");
   cmd->add_flag("--causal", opts->causal, "Make every shape causal (top-left)");
@@ -333,6 +354,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--target", opts->target, "Cap the SIMD target: scalar, sse4, avx2, avx512, best")
       ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
+  cmd->add_option("--simd", opts->simd,
+                  "SIMD providers to measure, e.g. highway,xsimd (default: CPUATTN_SIMD, else "
+                  "highway); several are timed in turns in one run")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"highway", "xsimd"}));
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7)")
       ->check(CLI::PositiveNumber);

@@ -100,7 +100,7 @@ float ReadProbe(const float* data, std::size_t n) {
 // Handles the scale and GQA; masks are out of its scope (it exists to be measured).
 template <class O>
 void RunUnfusedHead(const detail::Problem& p, std::int64_t b, std::int64_t h,
-                        detail::Scratch& scratch) {
+                    detail::Scratch& scratch) {
   constexpr int N = O::kLanes;
   const std::int64_t hk = h / p.group;
   const std::int64_t LkP = (p.Lk + N - 1) / N * N, DvP = (p.Dv + N - 1) / N * N;

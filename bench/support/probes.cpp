@@ -89,8 +89,7 @@ double measure_tile_gflops(int threads, const Context* context) {
   const detail::ProbeKernels& ki = kernels(context);
   // About 1.2 GFLOP a repetition (~40 ms with AVX-512 on this machine's cores).
   const double per_rep = ki.tile(1);
-  return best_gflops(threads,
-                     [&] { return ki.tile(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+  return best_gflops(threads, [&] { return ki.tile(static_cast<std::int64_t>(1.2e9 / per_rep)); });
 }
 
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {
@@ -108,8 +107,8 @@ double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context
   volatile float sink = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<float> sums(static_cast<std::size_t>(threads));
-    const double s = run_concurrently(
-        threads, [&](int t) { sums[t] = ki.read(buf.get() + t * per, per); });
+    const double s =
+        run_concurrently(threads, [&](int t) { sums[t] = ki.read(buf.get() + t * per, per); });
     for (float x : sums) sink = sink + x;
     best = std::max(best, double(per) * threads * sizeof(float) / s * 1e-9);
   }

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "cpuattn/cpuattn.h"
 #include "core/scratch.h"
+#include "cpuattn/cpuattn.h"
 
 namespace cpuattn {
 

@@ -42,8 +42,7 @@ void merge_partials(const Problem& p, const Plan& pl) {
             for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] *= scale;
           }
           if (p.lse) {
-            static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] =
-                st.lse();
+            static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();
           }
         }
       });

@@ -15,9 +15,9 @@
 namespace cpuattn::detail {
 
 struct Choice {
-  Simd provider;             // the provider that runs; xsimd falls back to highway below SSE4
-  Target target;             // the instruction set that runs
-  std::size_t hwy_index;     // index into Highway's dispatch tables for this cap
+  Simd provider;          // the provider that runs; xsimd falls back to highway below SSE4
+  Target target;          // the instruction set that runs
+  std::size_t hwy_index;  // index into Highway's dispatch tables for this cap
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.
@@ -52,28 +52,28 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
 }  // namespace cpuattn::detail
 
 // Declares an op's xsimd table getter in the three xsimd namespaces (see simd/target_namespace.h).
-#define CPUATTN_DECLARE_XSIMD_TABLE(Table, Getter)   \
-  namespace cpuattn::xsimd_sse4 {                   \
-  const detail::Table* Getter();                    \
-  }                                                 \
-  namespace cpuattn::xsimd_avx2 {                   \
-  const detail::Table* Getter();                    \
-  }                                                 \
-  namespace cpuattn::xsimd_avx512 {                 \
-  const detail::Table* Getter();                    \
+#define CPUATTN_DECLARE_XSIMD_TABLE(Table, Getter) \
+  namespace cpuattn::xsimd_sse4 {                  \
+  const detail::Table* Getter();                   \
+  }                                                \
+  namespace cpuattn::xsimd_avx2 {                  \
+  const detail::Table* Getter();                   \
+  }                                                \
+  namespace cpuattn::xsimd_avx512 {                \
+  const detail::Table* Getter();                   \
   }
 
 // In an op's Highway unit, under HWY_ONCE: exports Getter (defined per target) and defines
 // `const Table& Lookup(const Choice&)` over both providers.
-#define CPUATTN_DEFINE_OP_LOOKUP(Table, Getter, Lookup)                                         \
-  namespace cpuattn {                                                                           \
-  HWY_EXPORT(Getter);                                                                           \
-  namespace detail {                                                                            \
-  const Table& Lookup(const Choice& c) {                                                        \
-    static constexpr OpTables<Table> tables{                                                    \
-        [](std::size_t i) { return HWY_DISPATCH_TABLE(Getter)[i](); }, &xsimd_sse4::Getter,     \
-        &xsimd_avx2::Getter, &xsimd_avx512::Getter};                                            \
-    return pick(c, tables);                                                                     \
-  }                                                                                             \
-  }                                                                                             \
+#define CPUATTN_DEFINE_OP_LOOKUP(Table, Getter, Lookup)                                     \
+  namespace cpuattn {                                                                       \
+  HWY_EXPORT(Getter);                                                                       \
+  namespace detail {                                                                        \
+  const Table& Lookup(const Choice& c) {                                                    \
+    static constexpr OpTables<Table> tables{                                                \
+        [](std::size_t i) { return HWY_DISPATCH_TABLE(Getter)[i](); }, &xsimd_sse4::Getter, \
+        &xsimd_avx2::Getter, &xsimd_avx512::Getter};                                        \
+    return pick(c, tables);                                                                 \
+  }                                                                                         \
+  }                                                                                         \
   }

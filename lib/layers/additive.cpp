@@ -1,6 +1,8 @@
 // Additive (Bahdanau) and multiplicative (Luong) attention. Both are single-head attention over
 // [B, Lq] decoder states and [B, Lk] encoder states; they reuse the core kernel's validation
 // (masks, key lengths, weights) by viewing their [B, L, F] tensors as [B, 1, L, F].
+#include "kernels/additive/additive.h"
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -10,9 +12,8 @@
 
 #include "api/checks.h"
 #include "api/context_impl.h"
-#include "cpuattn/layers.h"
-#include "kernels/additive/additive.h"
 #include "core/problem.h"
+#include "cpuattn/layers.h"
 
 namespace cpuattn {
 

@@ -90,8 +90,7 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
     // The emulated ConvertTo is a C++ cast: NaN or a value past int32 is undefined behaviour
     // there (UBSan caught NaN under clang), where x86's cvttps returns 0x80000000, which the
     // shift below turns into 1.0 (and p carries the NaN).
-    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()),
-                       hn::Min(hn::Max(n, Set(-127.0f)), Set(128.0f)));
+    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()), hn::Min(hn::Max(n, Set(-127.0f)), Set(128.0f)));
 #endif
     const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
     return hn::IfThenElse(hn::Lt(x, Set(-126.0f)), Zero(), hn::Mul(p, hn::BitCast(D(), bits)));

@@ -48,10 +48,10 @@
 // A Highway unit: the including file has included <hwy/highway.h> for the current target.
 // Vector width of the x86 target being compiled (0 for the portable EMU128/SCALAR targets and
 // other architectures); evaluated anew in every foreach_target pass.
-#define CPUATTN_SIMD_BITS                                                             \
-  (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3                                ? 512        \
-   : HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2                              ? 256        \
-   : HWY_ARCH_X86 && (HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3) ? 128        \
+#define CPUATTN_SIMD_BITS                                                      \
+  (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3                                ? 512 \
+   : HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2                              ? 256 \
+   : HWY_ARCH_X86 && (HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3) ? 128 \
                                                                          : 0)
 #define CPUATTN_TARGET_NS HWY_NAMESPACE
 #define CPUATTN_NAMESPACE_BEGIN \

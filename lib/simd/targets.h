@@ -8,7 +8,7 @@
 namespace cpuattn::simd {
 
 constexpr Target TargetOfBits(int bits) {
-  return bits == 512 ? Target::avx512
+  return bits == 512   ? Target::avx512
          : bits == 256 ? Target::avx2
          : bits == 128 ? Target::sse4
                        : Target::scalar;

@@ -103,8 +103,7 @@ CPUATTN_INLINE float ReduceMax(__m256 v) {
 }
 
 CPUATTN_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) {
-  const __m256i b =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
   const __m256 unset = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
   return _mm256_blendv_ps(s, _mm256_set1_ps(-__builtin_inff()), unset);
 }

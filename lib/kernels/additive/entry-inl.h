@@ -1,5 +1,5 @@
-// The additive op's kernel table for the target being compiled, with the provider `Ops` of this unit
-// (simd/hwy_ops-inl.h or simd/xsimd_ops-inl.h, included first).
+// The additive op's kernel table for the target being compiled, with the provider `Ops` of this
+// unit (simd/hwy_ops-inl.h or simd/xsimd_ops-inl.h, included first).
 #if defined(CPUATTN_KERNELS_ADDITIVE_ENTRY_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_ADDITIVE_ENTRY_INL_H_
 #undef CPUATTN_KERNELS_ADDITIVE_ENTRY_INL_H_

@@ -44,7 +44,7 @@ struct MaskInfo {
 // the tensor), and those lanes become -inf anyway.
 template <class O>
 CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, const RowMask& rm,
-                                      const MaskInfo& mi) {
+                                          const MaskInfo& mi) {
   constexpr int N = O::kLanes;
   if (rm.mask != nullptr && col0 < rm.end) {
     const bool full = mi.stride == 1 && col0 + N <= rm.end;

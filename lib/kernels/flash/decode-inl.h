@@ -18,8 +18,8 @@ CPUATTN_NAMESPACE_BEGIN
 // serves R rows; a horizontal sum per score is affordable because there are few rows.
 template <class O, int R>
 CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
-                           const float* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
-                           float* CPUATTN_RESTRICT s, std::int64_t s_stride) {
+                               const float* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
+                               float* CPUATTN_RESTRICT s, std::int64_t s_stride) {
   constexpr int N = O::kLanes;
   const std::int64_t dv = D / N * N;
   for (std::int64_t j = 0; j < nk; ++j) {

@@ -67,7 +67,8 @@ void PackV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::
 // Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded).
 template <class O>
 void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-            std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp, float* CPUATTN_RESTRICT vp) {
+            std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp,
+            float* CPUATTN_RESTRICT vp) {
   constexpr int W = Geometry<O>::W;
   const float* K = static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
   constexpr int N = O::kLanes;

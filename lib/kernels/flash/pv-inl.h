@@ -18,8 +18,8 @@ CPUATTN_NAMESPACE_BEGIN
 // costs C loads, R broadcasts and R*C FMAs.
 template <class O, int R, int C>
 CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
-                       const float* CPUATTN_RESTRICT vp, std::int64_t cw, std::int64_t nk,
-                       float* CPUATTN_RESTRICT acc_out, std::int64_t acc_stride) {
+                           const float* CPUATTN_RESTRICT vp, std::int64_t cw, std::int64_t nk,
+                           float* CPUATTN_RESTRICT acc_out, std::int64_t acc_stride) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   V acc[R][C];

@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "kernels/common/outer-inl.h"
 #include "kernels/common/mask-inl.h"
+#include "kernels/common/outer-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -20,9 +20,9 @@ CPUATTN_NAMESPACE_BEGIN
 // and R * C FMAs.
 template <class O, int R, bool kMasked>
 CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, std::int64_t D,
-                          const float* CPUATTN_RESTRICT kp, float* CPUATTN_RESTRICT s,
-                          std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
-                          const MaskInfo& mi) {
+                              const float* CPUATTN_RESTRICT kp, float* CPUATTN_RESTRICT s,
+                              std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
+                              const MaskInfo& mi) {
   using V = typename O::V;
   constexpr int N = O::kLanes, C = O::kScoreCols;
   V acc[R][C];

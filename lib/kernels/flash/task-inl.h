@@ -27,8 +27,8 @@
 #include "core/plan.h"
 #include "core/scratch.h"
 #include "core/softmax.h"
-#include "kernels/flash/decode-inl.h"
 #include "kernels/common/mask-inl.h"
+#include "kernels/flash/decode-inl.h"
 #include "kernels/flash/pack-inl.h"
 #include "kernels/flash/pv-inl.h"
 #include "kernels/flash/score-inl.h"
@@ -46,7 +46,7 @@ inline constexpr int kStreamRows = 8;
 // else packed into one reused slot (decode), so K/V far larger than the caches stream once.
 template <class O>
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
-                 detail::Scratch& scratch) {
+             detail::Scratch& scratch) {
   static_assert(simd::VectorOps<O>);
   constexpr int N = O::kLanes;
   constexpr int W = Geometry<O>::W;

@@ -36,7 +36,7 @@ inline constexpr std::int64_t kGemmMaxRowBlock = detail::kGemmRowPanels * 12;
 // the first k block, or C itself (load_c) for later k blocks.
 template <class O, int R>
 CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const float* CPUATTN_RESTRICT bp,
-                         std::int64_t kc, float* const* c, const float* bias, bool load_c) {
+                             std::int64_t kc, float* const* c, const float* bias, bool load_c) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(detail::PackedMatrix::kPanel) / N;

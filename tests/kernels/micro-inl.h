@@ -1,0 +1,87 @@
+// The per-target half of tests/kernels/micro.h (include after a provider header).
+#if defined(CPUATTN_TESTS_MICRO_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_TESTS_MICRO_INL_H_
+#undef CPUATTN_TESTS_MICRO_INL_H_
+#else
+#define CPUATTN_TESTS_MICRO_INL_H_
+#endif
+
+#include "kernels/common/mask-inl.h"
+#include "kernels/flash/pack-inl.h"
+#include "kernels/flash/pv-inl.h"
+#include "kernels/flash/score-inl.h"
+#include "kernels/flash/softmax-inl.h"
+#include "micro.h"
+#include "simd/math-inl.h"
+#include "simd/target_namespace.h"
+#include "simd/targets.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+void MicroExp2(const float* in, float* out, std::size_t n) {
+  MapArray<Ops>(in, out, n, [](Ops::V x) { return Exp2<Ops>(x); });
+}
+
+void MicroTanh(const float* in, float* out, std::size_t n) {
+  MapArray<Ops>(in, out, n, [](Ops::V x) { return Tanh<Ops>(x); });
+}
+
+void MicroTranspose(float* m) {
+  constexpr int N = Ops::kLanes;
+  Ops::V r[N];
+  for (int i = 0; i < N; ++i) r[i] = Ops::LoadU(m + i * N);
+  Ops::Transpose(r);
+  for (int i = 0; i < N; ++i) Ops::StoreU(r[i], m + i * N);
+}
+
+void MicroScoreTile(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
+                    float* s, std::int64_t s_stride, std::int32_t col0, bool masked,
+                    const std::int32_t* ends, const void* const* masks, detail::MaskKind kind,
+                    std::int64_t mask_stride) {
+  RowMask rm[Ops::kScoreRows];
+  for (int r = 0; r < R; ++r) rm[r] = {ends[r], masks[r]};
+  const MaskInfo mi{kind, mask_stride};
+  if (masked) {
+    ScoreRows<Ops, true>(R, q, qs, D, kp, s, s_stride, col0, rm, mi);
+  } else {
+    ScoreRows<Ops, false>(R, q, qs, D, kp, s, s_stride, col0, rm, mi);
+  }
+}
+
+void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
+                 std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride) {
+  PvRows<Ops>(R, C, p, p_stride, vp, cw, nk, acc, acc_stride);
+}
+
+void MicroPackKV(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
+                 std::int64_t nk, float* kp, float* vp) {
+  PackKV<Ops>(p, Geometry<Ops>(p, Ops::kBlockKeys), b, hk, j0, nk, kp, vp);
+}
+
+void MicroSoftmaxRow(float* srow, std::int64_t ncols, float* m, float* lrow, float* arow,
+                     std::int64_t dvp) {
+  OnlineSoftmaxRow<Ops>(srow, ncols, *m, lrow, arow, dvp);
+}
+
+const detail::MicroKernels* GetMicroKernels() {
+  static const detail::MicroKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
+                                          .provider = simd::ProviderOf(Ops::kProvider),
+                                          .lanes = Ops::kLanes,
+                                          .score_rows = Ops::kScoreRows,
+                                          .score_cols = Ops::kScoreCols,
+                                          .pv_rows = Ops::kPvRows,
+                                          .pv_cols = Ops::kPvCols,
+                                          .block_keys = Ops::kBlockKeys,
+                                          .exp2 = &MicroExp2,
+                                          .tanh = &MicroTanh,
+                                          .transpose = &MicroTranspose,
+                                          .score_tile = &MicroScoreTile,
+                                          .pv_tile = &MicroPvTile,
+                                          .pack_kv = &MicroPackKV,
+                                          .softmax_row = &MicroSoftmaxRow};
+  return &table;
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_TESTS_MICRO_INL_H_

@@ -1,0 +1,350 @@
+// Micro-kernel tests, per provider and per target this CPU runs (in the style of Highway's
+// HWY_EXPORT_AND_TEST_P and XNNPACK's micro-kernel testers): exp2 and tanh against their stated
+// bounds, the register transpose, the score and P V tiles over every row count, ragged sizes and
+// misaligned operands, K/V packing with ragged edges, and the online-softmax step. Each compares
+// with double precision, with tolerances that grow with the reduction length, and names the
+// worst element on failure.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/softmax.h"
+#include "dispatch/dispatch.h"
+#include "micro.h"
+#include "test_util.h"
+
+namespace cpuattn::test {
+namespace {
+
+const float kInf = std::numeric_limits<float>::infinity();
+const double kEps = std::numeric_limits<float>::epsilon();
+
+// 64-byte aligned floats, with `offset` floats of deliberate misalignment before data().
+struct Buf {
+  std::vector<float> v;
+  std::size_t off;
+  Buf(std::size_t n, std::size_t offset = 0) : v(n + 32), off(offset) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(v.data());
+    off += (64 - addr % 64) % 64 / sizeof(float);
+  }
+  float* data() { return v.data() + off; }
+};
+
+void fill(float* p, std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (std::size_t i = 0; i < n; ++i) p[i] = u(rng);
+}
+
+class Micro : public ::testing::TestWithParam<Backend> {
+ protected:
+  const detail::MicroKernels& mk() const {
+    const detail::MicroKernels& k =
+        detail::micro_kernels(detail::choose(GetParam().target, GetParam().simd));
+    EXPECT_EQ(k.target, GetParam().target);
+    EXPECT_EQ(k.provider, GetParam().simd);
+    return k;
+  }
+};
+
+// exp2 states: relative error <= 3e-7 on [-126, 127]; x < -126 gives exactly 0; NaN stays NaN.
+TEST_P(Micro, Exp2StatedError) {
+  const auto& k = mk();
+  std::vector<float> x;
+  for (double v = -126.0; v <= 127.0; v += 1.0 / 1024) x.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.5f, 0.5f, -1e-8f, 1e-8f, -125.999f, 126.9f, -126.0f,
+                  std::nextafter(1.0f, 0.0f), std::nextafter(-3.0f, 0.0f)})
+    x.push_back(v);
+  x.push_back(0.25f);  // an odd count: the tail goes through the padded vector
+  std::vector<float> y(x.size());
+  k.exp2(x.data(), y.data(), x.size());
+  double worst = 0;
+  float worst_x = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp2(double(x[i]));
+    const double rel = std::abs(y[i] - want) / want;
+    if (rel > worst) worst = rel, worst_x = x[i];
+  }
+  EXPECT_LE(worst, 3e-7) << "worst at x = " << worst_x;
+  const float special[] = {-kInf,
+                           -1000.0f,
+                           -127.0f,
+                           -126.6f,
+                           std::nextafter(-126.0f, -127.0f),
+                           std::numeric_limits<float>::quiet_NaN()};
+  float out[6];
+  k.exp2(special, out, 6);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], 0.0f) << "x = " << special[i];
+  EXPECT_TRUE(std::isnan(out[5]));
+}
+
+// tanh states: relative error <= 4e-7 for every finite input, exactly +-1 from |x| >= 9, odd,
+// NaN stays NaN.
+TEST_P(Micro, TanhStatedError) {
+  const auto& k = mk();
+  std::vector<float> x;
+  for (double v = -12.0; v <= 12.0; v += 1.0 / 4096) x.push_back(static_cast<float>(v));
+  for (float v = 1e-30f; v < 1.0f; v *= 1.01f) x.push_back(v), x.push_back(-v);
+  for (float v : {0.0f, -0.0f, 0.625f, std::nextafter(0.625f, 0.0f), 9.0f, 3e38f, -3e38f})
+    x.push_back(v);
+  std::vector<float> y(x.size());
+  k.tanh(x.data(), y.data(), x.size());
+  double worst = 0;
+  float worst_x = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::tanh(double(x[i]));
+    const double rel = want == 0 ? std::abs(y[i]) : std::abs(y[i] - want) / std::abs(want);
+    if (rel > worst) worst = rel, worst_x = x[i];
+    ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "x = " << x[i];
+  }
+  EXPECT_LE(worst, 4e-7) << "worst at x = " << worst_x;
+  const float special[] = {kInf, -kInf, 9.0f, -20.0f, std::numeric_limits<float>::quiet_NaN()};
+  float out[5];
+  k.tanh(special, out, 5);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -1.0f);
+  EXPECT_EQ(out[2], 1.0f);
+  EXPECT_EQ(out[3], -1.0f);
+  EXPECT_TRUE(std::isnan(out[4]));
+}
+
+TEST_P(Micro, TransposeIsExact) {
+  const auto& k = mk();
+  const int n = k.lanes;
+  std::vector<float> m(n * n), t(n * n);
+  fill(m.data(), m.size(), 7);
+  t = m;
+  k.transpose(t.data());
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) ASSERT_EQ(t[i * n + j], m[j * n + i]) << i << "," << j;
+}
+
+enum class MaskCase { none, ends, boolean, boolean_broadcast, additive };
+
+// S[r][w] = q[r] . Kp[:, w] for every row count, ragged D, misaligned operands and every mask.
+TEST_P(Micro, ScoreTileMatchesDouble) {
+  const auto& k = mk();
+  const int W = k.score_cols * k.lanes;
+  for (int R = 1; R <= k.score_rows; ++R) {
+    for (std::int64_t D : {1, 2, 3, 7, 16, 17, 64, 65, 128}) {
+      for (MaskCase mc : {MaskCase::none, MaskCase::ends, MaskCase::boolean,
+                          MaskCase::boolean_broadcast, MaskCase::additive}) {
+        for (std::size_t misalign : {0, 3}) {
+          const std::int64_t qs = D + 5;
+          Buf q(R * qs, misalign), kp(D * W, misalign), s(R * (W + 16));
+          const std::int64_t s_stride = W + 16;
+          fill(q.data(), R * qs, 11 + R);
+          fill(kp.data(), D * W, 13 + static_cast<std::uint32_t>(D));
+          const std::int32_t col0 = 5;  // masks are indexed from the tile's first key
+          std::vector<std::int32_t> ends(R);
+          std::vector<std::uint8_t> bmask(R * (col0 + W));
+          std::vector<float> amask(R * (col0 + W));
+          std::vector<const void*> masks(R, nullptr);
+          std::mt19937 rng(R * 131 + static_cast<unsigned>(D));
+          detail::MaskKind kind = detail::MaskKind::none;
+          std::int64_t mstride = 1;
+          for (int r = 0; r < R; ++r) {
+            ends[r] = mc == MaskCase::none ? W + col0 : static_cast<std::int32_t>(rng() % (W + 1));
+            for (int j = 0; j < col0 + W; ++j) {
+              bmask[r * (col0 + W) + j] = rng() % 3 != 0;
+              amask[r * (col0 + W) + j] = static_cast<float>(rng() % 200) / 10.0f - 10.0f;
+            }
+            if (mc == MaskCase::boolean || mc == MaskCase::boolean_broadcast) {
+              kind = detail::MaskKind::boolean;
+              masks[r] = bmask.data() + r * (col0 + W);
+              if (mc == MaskCase::boolean_broadcast) mstride = 0;
+            } else if (mc == MaskCase::additive) {
+              kind = detail::MaskKind::additive;
+              masks[r] = amask.data() + r * (col0 + W);
+            }
+          }
+          // The kernel reads each row's mask relative to its tile start (col0 keys in).
+          std::vector<const void*> at(R, nullptr);
+          for (int r = 0; r < R; ++r) at[r] = masks[r];
+          const bool masked = mc != MaskCase::none;
+          k.score_tile(R, q.data(), qs, D, kp.data(), s.data(), s_stride, col0, masked, ends.data(),
+                       at.data(), kind, mstride);
+          double worst = 0;
+          std::string where;
+          for (int r = 0; r < R; ++r) {
+            for (int w = 0; w < W; ++w) {
+              const float got = s.data()[r * s_stride + w];
+              const std::int64_t key = col0 + w;  // index into the row's mask
+              const std::int64_t mk_at = mstride == 0 ? 0 : key;
+              bool visible = !masked || key < ends[r];
+              if (visible && kind == detail::MaskKind::boolean)
+                visible = bmask[r * (col0 + W) + mk_at] != 0;
+              if (!visible) {
+                ASSERT_EQ(got, -kInf) << "R " << R << " D " << D << " row " << r << " key " << w;
+                continue;
+              }
+              double want = 0, mag = 0;
+              for (std::int64_t d = 0; d < D; ++d) {
+                const double t = double(q.data()[r * qs + d]) * kp.data()[d * W + w];
+                want += t;
+                mag += std::abs(t);
+              }
+              double tol = 2 * D * kEps * mag + 1e-30;
+              if (kind == detail::MaskKind::additive) {
+                const double a = amask[r * (col0 + W) + key] * double(detail::kLog2e);
+                want += a;
+                tol += 2 * kEps * (std::abs(a) + std::abs(want));
+              }
+              const double err = std::abs(got - want) / tol;
+              if (err > worst) {
+                worst = err;
+                std::ostringstream os;
+                os << "R " << R << " D " << D << " mask " << int(mc) << " row " << r << " key " << w
+                   << ": got " << got << " want " << want;
+                where = os.str();
+              }
+            }
+          }
+          ASSERT_LE(worst, 1.0) << where;
+        }
+      }
+    }
+  }
+}
+
+// acc[R][C vectors] += P V over every row count, chunk width and ragged key counts.
+TEST_P(Micro, PvTileMatchesDouble) {
+  const auto& k = mk();
+  for (int R = 1; R <= k.pv_rows; ++R) {
+    for (int C = 1; C <= k.pv_cols; ++C) {
+      for (std::int64_t nk : {1, 5, 64, 129}) {
+        const std::int64_t cw = C * k.lanes, p_stride = nk + 3, acc_stride = cw + 16;
+        Buf p(R * p_stride, 1), vp(nk * cw, 2), acc(R * acc_stride);
+        fill(p.data(), R * p_stride, 17, 0.0f, 1.0f);
+        fill(vp.data(), nk * cw, 19);
+        fill(acc.data(), R * acc_stride, 23);
+        const std::vector<float> before(acc.data(), acc.data() + R * acc_stride);
+        k.pv_tile(R, C, p.data(), p_stride, vp.data(), cw, nk, acc.data(), acc_stride);
+        for (int r = 0; r < R; ++r) {
+          for (std::int64_t c = 0; c < cw; ++c) {
+            double want = before[r * acc_stride + c], mag = std::abs(want);
+            for (std::int64_t j = 0; j < nk; ++j) {
+              const double t = double(p.data()[r * p_stride + j]) * vp.data()[j * cw + c];
+              want += t;
+              mag += std::abs(t);
+            }
+            const float got = acc.data()[r * acc_stride + c];
+            ASSERT_LE(std::abs(got - want), 2 * (nk + 1) * kEps * mag + 1e-30)
+                << "R " << R << " C " << C << " nk " << nk << " row " << r << " col " << c
+                << ": got " << got << " want " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Kp[panel][d][w] = K[j0 + panel W + w][d] and Vp[chunk][key][c] = V[j0 + key][c0 + c], zero past
+// the keys and past Dv, for ragged key counts, odd D/Dv and strided, misaligned K/V.
+TEST_P(Micro, PackKVIsExactWithRaggedEdges) {
+  const auto& k = mk();
+  const std::int64_t W = k.score_cols * k.lanes, CW = k.pv_cols * k.lanes;
+  for (std::int64_t D : {1, 5, 17, 67}) {
+    for (std::int64_t Dv : {1, 3, 16, 33}) {
+      for (std::int64_t nk : {std::int64_t{1}, W - 1, W + 3, k.block_keys}) {
+        const std::int64_t Lk = nk + 9, j0 = 4;
+        const std::int64_t ks = D + 3, vs = Dv + 5;  // row strides (a padded [Lk, D] layout)
+        Buf K(Lk * ks, 1), V(Lk * vs, 3);
+        fill(K.data(), Lk * ks, 29);
+        fill(V.data(), Lk * vs, 31);
+        detail::Problem p;
+        p.B = 1, p.H = 1, p.Hkv = 1, p.Lq = 1, p.Lk = Lk, p.D = D, p.Dv = Dv;
+        p.k.data = K.data();
+        p.k.s[2] = ks;
+        p.v.data = V.data();
+        p.v.s[2] = vs;
+        const std::int64_t panels = (nk + W - 1) / W, dvp = (Dv + k.lanes - 1) / k.lanes * k.lanes;
+        Buf kp(panels * W * D + 64), vp(nk * dvp + 64);
+        std::fill(kp.v.begin(), kp.v.end(), 7.0f);
+        std::fill(vp.v.begin(), vp.v.end(), 7.0f);
+        k.pack_kv(p, 0, 0, j0, nk, kp.data(), vp.data());
+        for (std::int64_t pi = 0; pi < panels; ++pi)
+          for (std::int64_t d = 0; d < D; ++d)
+            for (std::int64_t w = 0; w < W; ++w) {
+              const std::int64_t key = pi * W + w;
+              const float want = key < nk ? K.data()[(j0 + key) * ks + d] : 0.0f;
+              ASSERT_EQ(kp.data()[(pi * D + d) * W + w], want)
+                  << "D " << D << " nk " << nk << " panel " << pi << " d " << d << " w " << w;
+            }
+        for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
+          const std::int64_t cw = std::min(CW, dvp - c0);
+          for (std::int64_t key = 0; key < nk; ++key)
+            for (std::int64_t c = 0; c < cw; ++c) {
+              const float want = c0 + c < Dv ? V.data()[(j0 + key) * vs + c0 + c] : 0.0f;
+              ASSERT_EQ(vp.data()[c0 * nk + key * cw + c], want)
+                  << "Dv " << Dv << " nk " << nk << " chunk " << c0 << " key " << key;
+            }
+        }
+      }
+    }
+  }
+}
+
+// Three blocks through the online softmax: the final state must be m = max, l = sum 2^(s - m),
+// acc rescaled to the final max; a block of masked keys changes nothing.
+TEST_P(Micro, OnlineSoftmaxRowMatchesDouble) {
+  const auto& k = mk();
+  const std::int64_t ncols = 2 * k.score_cols * k.lanes, dvp = 2 * k.lanes;
+  Buf srow(ncols), lrow(k.lanes), arow(dvp);
+  float m = -kInf;
+  std::fill(lrow.data(), lrow.data() + k.lanes, 0.0f);
+  std::fill(arow.data(), arow.data() + dvp, 1.0f);  // stands for P V of earlier blocks
+  std::vector<double> all;
+  double acc_scale = 0;  // what arow's 1.0 must have become, relative to the final max
+  const float shifts[] = {0.0f, 6.0f, -3.0f};
+  float prev_m = -kInf;
+  for (int blk = 0; blk < 4; ++blk) {
+    if (blk == 2) {
+      std::fill(srow.data(), srow.data() + ncols, -kInf);  // a fully masked block
+    } else {
+      fill(srow.data(), ncols, 37 + blk, -4.0f, 4.0f);
+      for (std::int64_t c = 0; c < ncols; ++c) srow.data()[c] += shifts[blk % 3];
+      srow.data()[ncols - 1] = -kInf;  // a masked key inside a live block
+    }
+    const std::vector<float> in(srow.data(), srow.data() + ncols);
+    k.softmax_row(srow.data(), ncols, &m, lrow.data(), arow.data(), dvp);
+    for (std::int64_t c = 0; c < ncols; ++c) {
+      if (in[c] != -kInf) all.push_back(in[c]);
+      if (in[c] == -kInf) {
+        ASSERT_EQ(srow.data()[c], 0.0f) << "block " << blk << " col " << c;
+        continue;
+      }
+      const double x = double(in[c]) - m;
+      const double want = std::exp2(x);
+      // exp2's 3e-7, plus the rounding of s - m in float: eps/2 |s - m| absolute in the
+      // exponent, ln 2 times that relative in the result.
+      const double tol = (3e-7 + 0.5 * kEps * std::log(2.0) * std::abs(x)) * want + 1e-30;
+      ASSERT_NEAR(srow.data()[c], want, tol) << "block " << blk << " col " << c;
+    }
+    // Nothing is rescaled while m is -inf: after block 0, arow is 1 relative to its max.
+    if (blk == 0) acc_scale = 1.0;
+    if (blk > 0 && prev_m != -kInf) acc_scale *= std::exp2(double(prev_m) - m);
+    prev_m = m;
+  }
+  double mx = -INFINITY, l = 0;
+  for (double s : all) mx = std::max(mx, s);
+  for (double s : all) l += std::exp2(s - mx);
+  EXPECT_EQ(m, static_cast<float>(mx));
+  double lsum = 0;
+  for (int i = 0; i < k.lanes; ++i) lsum += lrow.data()[i];
+  EXPECT_NEAR(lsum, l, 8 * kEps * l * std::sqrt(double(all.size())));
+  for (std::int64_t c = 0; c < dvp; ++c)
+    EXPECT_NEAR(arow.data()[c], acc_scale, 4e-6 * acc_scale) << "col " << c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Micro, ::testing::ValuesIn(machine_backends()),
+                         [](const auto& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace cpuattn::test
