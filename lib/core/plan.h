@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/inline.h"
 #include "core/problem.h"
 
 namespace cpuattn::detail {
@@ -45,15 +46,12 @@ void merge_partials(const Problem& p, const Plan& pl);
 // 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.
 struct TaskScratch {
   std::size_t qp, qp_stride, s, acc, m, l, rm, kv, total;
-  TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys, std::int64_t block_keys,
-              std::int64_t dv_padded, bool keep_packed) {
+  CPUATTN_ALWAYS_INLINE TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys,
+                                    std::int64_t block_keys, std::int64_t dv_padded,
+                                    bool keep_packed) {
     const auto rows = static_cast<std::size_t>(pl.rows);
-    std::size_t at = 0;
-    auto take = [&](std::size_t floats) {
-      const std::size_t start = at;
-      at += (floats + 15) / 16 * 16;
-      return start;
-    };
+    // Each array starts at `total` and rounds it up to 16 floats (64 bytes).
+    total = 0;
     qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16;  // Qp is [rows][D], D padded
     qp = take(rows * qp_stride);
     s = take(rows * block_keys);
@@ -63,13 +61,19 @@ struct TaskScratch {
     rm = take(rows * 4);  // one RowMask (<= 16 bytes) per row
     const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
     kv = take(static_cast<std::size_t>(blocks * block_keys * (p.D + dv_padded)));
-    total = at;
+  }
+
+ private:
+  CPUATTN_ALWAYS_INLINE std::size_t take(std::size_t floats) {
+    const std::size_t start = total;
+    total += (floats + 15) / 16 * 16;
+    return start;
   }
 };
 
 // Where task split `ks` leaves its (m, l, acc[Dv]) for query row (b, h, i).
-inline float* partial_row(const Problem& p, const Plan& pl, std::int64_t b, std::int64_t h,
-                          std::int64_t i, std::int64_t ks) {
+CPUATTN_ALWAYS_INLINE float* partial_row(const Problem& p, const Plan& pl, std::int64_t b,
+                                         std::int64_t h, std::int64_t i, std::int64_t ks) {
   const std::int64_t row = (b * p.H + h) * p.Lq + i;
   return pl.partials + (row * pl.k_splits + ks) * pl.partial_row_floats;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/inline.h"
 #include "cpuattn/cpuattn.h"
 
 namespace cpuattn::detail {
@@ -44,7 +45,7 @@ struct Problem {
   DType weights_dtype = DType::f32;
   std::int64_t weights_s[4] = {0, 0, 0, 0};
 
-  std::int64_t key_length(std::int64_t b) const {
+  CPUATTN_ALWAYS_INLINE std::int64_t key_length(std::int64_t b) const {
     if (key_lengths == nullptr) return Lk;
     return key_lengths_dtype == DType::i32 ? static_cast<const std::int32_t*>(key_lengths)[b]
                                            : static_cast<const std::int64_t*>(key_lengths)[b];
@@ -52,7 +53,7 @@ struct Problem {
 
   // Keys query row i may see because of the causal mask and key lengths: [0, end).
   // Other masks are applied element-wise.
-  std::int64_t key_end(std::int64_t b, std::int64_t i) const {
+  CPUATTN_ALWAYS_INLINE std::int64_t key_end(std::int64_t b, std::int64_t i) const {
     std::int64_t end = key_length(b);
     if (causal == Causal::top_left) end = std::min(end, i + 1);
     if (causal == Causal::bottom_right) end = std::min(end, i + Lk - Lq + 1);

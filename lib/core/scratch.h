@@ -4,21 +4,18 @@
 #include <cstddef>
 #include <cstdlib>
 #include <memory>
-#include <new>
+
+#include "core/inline.h"
 
 namespace cpuattn::detail {
 
 // Growable 64-byte-aligned float buffer. Grows only, so steady-state calls do not allocate.
 class Scratch {
  public:
-  float* get(std::size_t floats) {
-    if (floats > capacity_) {
-      const std::size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
-      buf_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-      if (!buf_) throw std::bad_alloc();
-      capacity_ = bytes / sizeof(float);
-    }
-    return buf_.get();
+  // The growth (and its std::bad_alloc) is out of line, in core/scratch.cpp: kernels call get()
+  // from per-target code (see core/inline.h).
+  CPUATTN_ALWAYS_INLINE float* get(std::size_t floats) {
+    return floats <= capacity_ ? buf_.get() : grow(floats);
   }
   float* data() const { return buf_.get(); }
   std::size_t capacity() const { return capacity_; }
@@ -29,6 +26,7 @@ class Scratch {
   }
 
  private:
+  float* grow(std::size_t floats);
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };

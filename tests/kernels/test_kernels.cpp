@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/scratch.h"
 #include "core/softmax.h"
 #include "dispatch/dispatch.h"
 #include "micro.h"
@@ -341,6 +343,17 @@ TEST_P(Micro, OnlineSoftmaxRowMatchesDouble) {
   EXPECT_NEAR(lsum, l, 8 * kEps * l * std::sqrt(double(all.size())));
   for (std::int64_t c = 0; c < dvp; ++c)
     EXPECT_NEAR(arow.data()[c], acc_scale, 4e-6 * acc_scale) << "col " << c;
+}
+
+// A size whose bytes overflow is refused, and the buffer (and its capacity) stay as they were.
+TEST(Scratch, OverflowingSizeIsRefusedAndKeepsTheBuffer) {
+  detail::Scratch s;
+  float* p = s.get(100);
+  ASSERT_NE(p, nullptr);
+  const std::size_t cap = s.capacity();
+  EXPECT_THROW(s.get(SIZE_MAX / 2), std::bad_alloc);
+  EXPECT_EQ(s.capacity(), cap);
+  EXPECT_EQ(s.get(100), p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Micro, ::testing::ValuesIn(machine_backends()),

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/inline.h"
 #include "core/scratch.h"
 #include "cpuattn/cpuattn.h"
 #include "dispatch/dispatch.h"
@@ -23,7 +24,9 @@ struct PackedMatrix {
   Scratch data;  // panels * K * kPanel floats
   Scratch bias;  // panels * kPanel floats, or empty
   bool has_bias = false;
-  const float* panel(std::int64_t p) const { return data.data() + p * K * kPanel; }
+  CPUATTN_ALWAYS_INLINE const float* panel(std::int64_t p) const {
+    return data.data() + p * K * kPanel;
+  }
 };
 
 // Row addressing for up to three leading dimensions: row r of a [d0, d1, d2, cols] view is at
@@ -32,7 +35,7 @@ struct Rows {
   float* data = nullptr;
   std::int64_t dims[3] = {1, 1, 1};
   std::int64_t strides[3] = {0, 0, 0};
-  float* row(std::int64_t r) const {
+  CPUATTN_ALWAYS_INLINE float* row(std::int64_t r) const {
     const std::int64_t i2 = r % dims[2], r1 = r / dims[2];
     const std::int64_t i1 = r1 % dims[1], i0 = r1 / dims[1];
     return data + i0 * strides[0] + i1 * strides[1] + i2 * strides[2];
