@@ -28,7 +28,8 @@ using Cli = cpuattn::cli_test::CliTest;
 using Matrix = std::vector<std::vector<double>>;
 
 const double kInvSqrt3 = 1.0 / std::sqrt(3.0);
-const char* const kPaths[] = {"", " --reference"};  // every golden case runs on both
+// Every golden case runs on the fast path with each SIMD provider, and on the reference.
+const char* const kPaths[] = {"", " --simd xsimd", " --reference"};
 
 // ---- Helpers -------------------------------------------------------------------------------
 
@@ -437,7 +438,7 @@ TEST_F(Cli, Help) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (const char* option : {"--q", "--k", "--v", "--out", "--mask", "causal-bottom-right",
                              "--key-lengths", "--scale", "--temperature", "--no-scale", "--lse",
-                             "--weights", "--threads", "--reference", "Example"}) {
+                             "--weights", "--threads", "--simd", "--reference", "Example"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << "run --help lacks " << option;
   }
 }

@@ -139,11 +139,19 @@ void check_files(const NamedPaths& outputs, const NamedPaths& inputs) {
   }
 }
 
-std::unique_ptr<Context> make_context(int threads) {
+std::unique_ptr<Context> make_context(int threads, const std::string& simd) {
   auto context = std::make_unique<Context>(threads);
   context->set_max_target(active_target());
-  context->set_simd(default_context().simd());
+  context->set_simd(simd.empty() ? default_context().simd() : parse_simd(simd));
   return context;
+}
+
+CLI::Option* add_simd_option(CLI::App& cmd, std::string& simd) {
+  return cmd
+      .add_option("--simd", simd,
+                  "SIMD library of the kernels: highway or xsimd (default: CPUATTN_SIMD, else "
+                  "highway)")
+      ->check(CLI::IsMember({"highway", "xsimd"}));
 }
 
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {

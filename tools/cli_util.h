@@ -65,9 +65,12 @@ void check_files(const NamedPaths& outputs, const NamedPaths& inputs);
 // target and SIMD provider, so that CPUATTN_TARGET and CPUATTN_SIMD still apply. Owning it frees
 // its scratch memory at exit; the never-destroyed default context shows up as a leak under
 // LeakSanitizer.
-std::unique_ptr<Context> make_context(int threads);
+// `simd` names the provider ("" = the default context's).
+std::unique_ptr<Context> make_context(int threads, const std::string& simd = "");
 // The --threads N option (for make_context).
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads);
+// The --simd highway|xsimd option (for make_context).
+CLI::Option* add_simd_option(CLI::App& cmd, std::string& simd);
 
 std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last);
 

@@ -27,6 +27,7 @@ struct MhaArgs {
   std::int64_t heads = 0, kv_heads = 0, decode_steps = 0;
   bool causal = false;
   int threads = 0;
+  std::string simd;
 };
 
 // The key lengths as int64 values.
@@ -197,7 +198,7 @@ void run(const MhaArgs& a) {
   }
   const TensorView xv = as_blx(npy::input_view(x));
   const OutputView ov = as_blx(npy::output_view(out));
-  const std::unique_ptr<Context> context = make_context(a.threads);
+  const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
   if (a.decode_steps > 0) {
     decode_all(mha, xv, ov, a.key_lengths.empty() ? nullptr : &key_lengths, opts.weights,
                a.decode_steps, context.get());
@@ -272,6 +273,7 @@ void add_mha_command(CLI::App& app, int& exit_code) {
                   "rank-2 X)")
       ->type_name("W.npy");
   add_threads_option(*cmd, args->threads);
+  add_simd_option(*cmd, args->simd);
   cmd->footer(
       "Inputs are float32 or float64 (converted to float32). Exit status: 0 on success, 2 on bad "
       "input (message on stderr; no output is written).\n"

@@ -59,6 +59,7 @@ struct RunArgs {
   double scale = 0, temperature = 0;
   bool no_scale = false, unscaled = false;
   int threads = 0;
+  std::string simd;
   bool reference = false;
   // Set after parsing: whether the option was given.
   CLI::Option* scale_opt = nullptr;
@@ -169,7 +170,7 @@ void run_sdpa(const RunArgs& a) {
       reference_attention(qv, kv, vv, ov, opts);
     }
   } else {
-    const std::unique_ptr<Context> context = make_context(a.threads);
+    const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
     attention(qv, kv, vv, ov, opts, context.get());
   }
 
@@ -264,7 +265,7 @@ void run_align(const RunArgs& a, unsigned kind) {
   }
   const TensorView hv = as_blx(npy::input_view(h)), sv = as_blx(npy::input_view(s));
   const OutputView ov = as_blx(npy::output_view(out));
-  const std::unique_ptr<Context> context = make_context(a.threads);
+  const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
   if (additive) {
     additive->forward(hv, sv, ov, opts, context.get());
   } else {
@@ -387,6 +388,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "Also write the attention weights (each row sums to 1) [.., Lq, Lk] (float32)")
       ->type_name("W.npy");
   add_threads_option(*cmd, args->threads);
+  add_simd_option(*cmd, args->simd);
   only(cmd->add_flag("--reference", args->reference,
                      "sdpa: use the slow double-precision reference implementation instead of "
                      "the fast path (float64 inputs are used as is)"),
