@@ -1,6 +1,7 @@
 #include <tbb/global_control.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -10,45 +11,37 @@
 
 namespace cpuattn {
 
-const char* target_name(Target target) {
-  switch (target) {
-    case Target::scalar:
-      return "scalar";
-    case Target::sse4:
-      return "sse4";
-    case Target::avx2:
-      return "avx2";
-    case Target::avx512:
-      return "avx512";
-    case Target::best:
-      return "best";
-  }
-  return "unknown";
+namespace {
+
+// The names of an enum's values, in order, and the parsing every name-taking option shares.
+constexpr const char* kTargetNames[] = {"scalar", "sse4", "avx2", "avx512", "best"};
+constexpr const char* kSimdNames[] = {"highway", "xsimd"};
+
+template <class E, std::size_t N>
+const char* name_of(E value, const char* const (&names)[N]) {
+  const auto i = static_cast<std::size_t>(value);
+  return i < N ? names[i] : "unknown";
 }
 
+template <class E, std::size_t N>
+E parse_name(const std::string& name, const char* const (&names)[N], const char* what) {
+  std::string expected;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (name == names[i]) return static_cast<E>(i);
+    expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(names[i]);
+  }
+  throw Error("cpuattn: unknown " + std::string(what) + " '" + name + "'; expected " + expected);
+}
+
+}  // namespace
+
+const char* target_name(Target target) { return name_of(target, kTargetNames); }
 Target parse_target(const std::string& name) {
-  for (Target t : {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best}) {
-    if (name == target_name(t)) return t;
-  }
-  throw Error("cpuattn: unknown target '" + name +
-              "'; expected one of scalar, sse4, avx2, avx512, best");
+  return parse_name<Target>(name, kTargetNames, "target");
 }
-
-const char* simd_name(Simd simd) {
-  switch (simd) {
-    case Simd::highway:
-      return "highway";
-    case Simd::xsimd:
-      return "xsimd";
-  }
-  return "unknown";
-}
-
+const char* simd_name(Simd simd) { return name_of(simd, kSimdNames); }
 Simd parse_simd(const std::string& name) {
-  for (Simd s : {Simd::highway, Simd::xsimd}) {
-    if (name == simd_name(s)) return s;
-  }
-  throw Error("cpuattn: unknown SIMD provider '" + name + "'; expected highway or xsimd");
+  return parse_name<Simd>(name, kSimdNames, "SIMD provider");
 }
 
 Context::Context(int num_threads) : impl_(std::make_unique<Impl>()) {
