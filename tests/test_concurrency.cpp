@@ -15,6 +15,7 @@
 
 #include "cpuattn/layers.h"
 #include "cpuattn/positional.h"
+#include "cpuattn/profile.h"
 #include "test_util.h"
 
 namespace cpuattn::test {
@@ -196,6 +197,36 @@ TEST(Concurrency, ThreadsShareAContextOnTheirOwnArenas) {
   const auto want = serial_results(jobs);
   Context shared(0);
   hammer(jobs, want, &shared, 4, 2);
+}
+
+// Recording on (phases and spans) while threads share a context: every call is recorded once,
+// and the per-thread logs of concurrent calls stay apart (TSan checks the rest).
+TEST(Concurrency, CallsAreRecordedWhileThreadsShareAContext) {
+  const auto jobs = make_jobs();
+  const auto want = serial_results(jobs);
+  // How many records one serial round makes (a decode job makes several calls; positional
+  // encodings make none).
+  std::size_t per_round = 0;
+  {
+    ProfileSession session;
+    serial_results(jobs);
+    per_round = session.take().size();
+  }
+  ASSERT_GT(per_round, jobs.size() / 2);
+  for (int threads : {0, 2}) {
+    Context shared(threads);
+    std::vector<CallProfile> calls;
+    {
+      ProfileSession session(/*spans=*/true);
+      hammer(jobs, want, &shared, 4, 2);
+      calls = session.take();
+    }
+    EXPECT_EQ(calls.size(), 4 * 2 * per_round) << "threads " << threads;
+    for (const CallProfile& c : calls) {
+      EXPECT_TRUE(c.has_phases) << c.op;
+      EXPECT_GT(c.wall_ms, 0) << c.op;
+    }
+  }
 }
 
 TEST(Concurrency, DefaultContextFirstUseFromManyThreads) {

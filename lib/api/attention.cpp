@@ -8,8 +8,10 @@
 
 #include <cstdint>
 
+#include "api/call_scope.h"
 #include "api/context_impl.h"
 #include "core/plan.h"
+#include "core/recorder.h"
 #include "kernels/flash/flash.h"
 
 namespace cpuattn {
@@ -19,8 +21,28 @@ void run_reference(const Problem& p);
 
 namespace {
 
+// The work of a call for its record: 2 (D + Dv) flops per visible (query, key) pair and head
+// (the causal and key-length limits; element masks count as visible), and every input read and
+// output written once.
+void note_work(const Problem& p, Recorder& rec) {
+  double pairs = 0;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    if (p.causal == Causal::none) {
+      pairs += static_cast<double>(p.Lq) * static_cast<double>(std::min(p.Lk, p.key_end(b, 0)));
+      continue;
+    }
+    for (std::int64_t i = 0; i < p.Lq; ++i) pairs += static_cast<double>(p.key_end(b, i));
+  }
+  const double flops = 2.0 * static_cast<double>(p.D + p.Dv) * static_cast<double>(p.H) * pairs;
+  const double elems = static_cast<double>(p.B) *
+                       (static_cast<double>(p.H * p.Lq) * static_cast<double>(p.D + p.Dv) +
+                        static_cast<double>(p.Hkv * p.Lk) * static_cast<double>(p.D + p.Dv));
+  rec.add_work(flops, 4.0 * elems);
+}
+
 void run_fast(const Problem& p, Context& ctx) {
   Context::Impl& c = ContextAccess::impl(ctx);
+  Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const FlashKernels& fk = flash_kernels(choose(&ctx));
   Plan pl = make_plan(p, fk.block_rows, fk.block_keys);
@@ -30,16 +52,24 @@ void run_fast(const Problem& p, Context& ctx) {
     pl.partials =
         call.get(static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats));
   }
+  if (rec != nullptr) {
+    note_work(p, *rec);
+    rec->add_tasks(pl.tasks);
+    rec->set_k_splits(pl.k_splits);
+  }
   c.run([&] {
     tbb::parallel_for(
         tbb::blocked_range<std::int64_t>(0, pl.tasks, 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
           const Context::Impl::Lease lease{c, s};
-          for (std::int64_t t = r.begin(); t < r.end(); ++t) fk.run_task_f32(p, pl, t, s);
+          for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+            const TaskTimer timer(rec, t);
+            fk.run_task_f32(p, pl, t, s, timer.log());
+          }
         },
         tbb::simple_partitioner());
-    if (pl.k_splits > 1) merge_partials(p, pl);
+    if (pl.k_splits > 1) merge_partials(p, pl, rec);
   });
 }
 
@@ -49,7 +79,12 @@ void run_attention(const Problem& p, Context& ctx) {
   if (p.weights != nullptr) {
     // Materializing [B, H, Lq, Lk] defeats fusion anyway: the weights come from the reference,
     // which computes them in double precision and writes out/lse/weights as f32.
-    ContextAccess::impl(ctx).run([&] { run_reference(p); });
+    Recorder* rec = current_recorder();
+    if (rec != nullptr) note_work(p, *rec);
+    ContextAccess::impl(ctx).run([&] {
+      const TaskTimer timer(rec, 0, static_cast<int>(Phase::reference));
+      run_reference(p);
+    });
     return;
   }
   run_fast(p, ctx);
@@ -59,8 +94,16 @@ void run_attention(const Problem& p, Context& ctx) {
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
                const AttentionOptions& opts, Context* context) {
+  detail::CallScope scope("attention");
   const detail::Problem p = detail::validate(q, k, v, out, opts, /*allow_f64=*/false);
-  detail::run_attention(p, context != nullptr ? *context : default_context());
+  Context& ctx = context != nullptr ? *context : default_context();
+  if (scope.active()) {
+    scope.record().shapes = "q:" + detail::dims_of(q) + ";k:" + detail::dims_of(k) +
+                            ";v:" + detail::dims_of(v) + ";out:" + detail::dims_of(out);
+    scope.record().mask = detail::mask_description(opts);
+  }
+  detail::run_attention(p, ctx);
+  scope.finish(ctx);
 }
 
 }  // namespace cpuattn

@@ -39,8 +39,9 @@ struct Plan {
 Plan make_plan(const Problem& p, std::int64_t block_rows, std::int64_t block_keys);
 
 // Combines the k_splits partial results of each row in a fixed order (split 0, 1, ...) into out
-// and lse. Runs on the caller's task arena.
-void merge_partials(const Problem& p, const Plan& pl);
+// and lse. Runs on the caller's task arena; with a recorder, its tasks are timed as the merge.
+class Recorder;
+void merge_partials(const Problem& p, const Plan& pl, Recorder* rec = nullptr);
 
 // Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a
 // 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.

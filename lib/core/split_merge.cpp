@@ -9,15 +9,17 @@
 #include <limits>
 
 #include "core/plan.h"
+#include "core/recorder.h"
 #include "core/softmax.h"
 
 namespace cpuattn::detail {
 
-void merge_partials(const Problem& p, const Plan& pl) {
+void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   tbb::parallel_for(
       tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 64),
       [&](const tbb::blocked_range<std::int64_t>& range) {
+        const TaskTimer timer(rec, range.begin() / 64, static_cast<int>(Phase::merge));
         for (std::int64_t row = range.begin(); row < range.end(); ++row) {
           const std::int64_t i = row % p.Lq, h = (row / p.Lq) % p.H, b = row / (p.Lq * p.H);
           RowState st{neg_inf, 0.0f};

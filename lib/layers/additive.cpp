@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "api/call_scope.h"
 #include "api/checks.h"
 #include "api/context_impl.h"
 #include "core/problem.h"
@@ -56,6 +57,14 @@ struct AlignCall {
   TensorView values;
   detail::Problem p;
 };
+
+// The mask field of the call's record (include/cpuattn/profile.h).
+std::string align_mask(const AlignOptions& o) {
+  AttentionOptions a;
+  a.mask = o.mask;
+  a.key_lengths = o.key_lengths;
+  return detail::mask_description(a);
+}
 
 void check_f32(const char* name, const TensorView& t, int rank) {
   detail::check_view(name, t, rank, rank);
@@ -146,6 +155,7 @@ std::int64_t AdditiveAttention::attention_dim() const { return a_; }
 
 void AdditiveAttention::forward(const TensorView& h, const TensorView& s, const OutputView& context,
                                 const AlignOptions& opts, Context* context_threads) const {
+  detail::CallScope scope("additive");
   const AlignCall c = prepare(h, d_dec_, s, d_enc_, context, opts);
   Context& ctx = context_threads != nullptr ? *context_threads : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
@@ -171,16 +181,32 @@ void AdditiveAttention::forward(const TensorView& h, const TensorView& s, const 
   a.v = v_.data();
   a.a_stride = ap;
   const detail::AdditiveKernels& ak = detail::additive_kernels(detail::choose(&ctx));
+  detail::Recorder* rec = detail::current_recorder();
+  if (rec != nullptr) {
+    // Per (query, key) pair: A adds, tanh and FMAs for the score, 2 dv for the context.
+    const double pairs = static_cast<double>(c.B * c.Lq * c.Lk);
+    rec->add_work(pairs * (3.0 * static_cast<double>(a_) + 2.0 * static_cast<double>(c.dv)),
+                  4.0 * static_cast<double>(c.B * (c.Lq + c.Lk) * ap + c.B * c.Lk * c.dv +
+                                            c.B * c.Lq * c.dv));
+    rec->add_tasks(c.B * c.Lq);
+  }
   ci.run([&] {
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, c.B * c.Lq, 1),
                       [&](const tbb::blocked_range<std::int64_t>& r) {
                         detail::Scratch& sc = ci.task_scratch.local();
                         const Context::Impl::Lease lease{ci, sc};
                         for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+                          const detail::TaskTimer timer(rec, t, static_cast<int>(Phase::additive));
                           ak.task(a, t, sc);
                         }
                       });
   });
+  if (scope.active()) {
+    scope.record().shapes = "h:" + detail::dims_of(h) + ";s:" + detail::dims_of(s) +
+                            ";context:" + detail::dims_of(context) + ";A:" + std::to_string(a_);
+    scope.record().mask = align_mask(opts);
+  }
+  scope.finish(ctx);
 }
 
 // ---------------------------------------------------------------------------- multiplicative
@@ -194,6 +220,7 @@ std::int64_t MultiplicativeAttention::encoder_dim() const { return w_.out_featur
 void MultiplicativeAttention::forward(const TensorView& h, const TensorView& s,
                                       const OutputView& context, const AlignOptions& opts,
                                       Context* context_threads) const {
+  detail::CallScope scope("multiplicative");
   const std::int64_t d_dec = w_.in_features(), d_enc = w_.out_features();
   const AlignCall c = prepare(h, d_dec, s, d_enc, context, opts);
   Context& ctx = context_threads != nullptr ? *context_threads : default_context();
@@ -210,6 +237,12 @@ void MultiplicativeAttention::forward(const TensorView& h, const TensorView& s,
   ao.key_lengths = opts.key_lengths;
   if (opts.weights) ao.weights = one_head(*opts.weights);
   attention(one_head(TensorView(gv)), one_head(s), one_head(c.values), one_head(context), ao, &ctx);
+  if (scope.active()) {
+    scope.record().shapes = "h:" + detail::dims_of(h) + ";s:" + detail::dims_of(s) +
+                            ";context:" + detail::dims_of(context);
+    scope.record().mask = align_mask(opts);
+  }
+  scope.finish(ctx);
 }
 
 }  // namespace cpuattn

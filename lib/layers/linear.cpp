@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "api/call_scope.h"
 #include "api/checks.h"
 #include "api/context_impl.h"
 #include "cpuattn/layers.h"
@@ -20,6 +21,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
   Context::Impl& c = ContextAccess::impl(ctx);
   const GemmKernels& gk = gemm_kernels(choose(&ctx));
   const std::int64_t mr = gk.rows;
+  Recorder* rec = current_recorder();
   c.run([&] {
     // Blocking only decides which thread computes what (each C element sums in the same order
     // whatever the blocks), so it may follow the thread count. Row blocks of 8 micro-panels
@@ -35,12 +37,21 @@ void run_gemm(GemmProblem& g, Context& ctx) {
       g.panel_block = (g.panel_block + 1) / 2;
     }
     g.panel_tasks = (g.b->panels + g.panel_block - 1) / g.panel_block;
+    if (rec != nullptr) {
+      const double M = static_cast<double>(g.M), K = static_cast<double>(g.b->K),
+                   N = static_cast<double>(g.b->N);
+      rec->add_work(2 * M * K * N, 4 * (M * K + K * N + M * N));
+      rec->add_tasks(g.row_tasks * g.panel_tasks);
+    }
     tbb::parallel_for(
         tbb::blocked_range<std::int64_t>(0, g.row_tasks * g.panel_tasks, 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
           const Context::Impl::Lease lease{c, s};
-          for (std::int64_t t = r.begin(); t < r.end(); ++t) gk.task(g, t, s);
+          for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+            const TaskTimer timer(rec, t, static_cast<int>(Phase::gemm));
+            gk.task(g, t, s);
+          }
         },
         tbb::simple_partitioner());
   });
@@ -144,6 +155,7 @@ std::int64_t Linear::in_features() const { return m_->K; }
 std::int64_t Linear::out_features() const { return m_->N; }
 
 void Linear::forward(const TensorView& x, const OutputView& y_out, Context* context) const {
+  detail::CallScope scope("linear");
   const TensorView y = y_out;
   detail::check_view("x", x, 1, 4);
   detail::check_view("y", y, 1, 4);
@@ -168,7 +180,13 @@ void Linear::forward(const TensorView& x, const OutputView& y_out, Context* cont
   g.c = detail::rows_of(y);
   g.M = detail::rows_count(x);
   g.b = m_.get();
-  detail::run_gemm(g, context != nullptr ? *context : default_context());
+  Context& ctx = context != nullptr ? *context : default_context();
+  if (scope.active()) {
+    scope.record().shapes = "x:" + detail::dims_of(x) + ";weight:" + std::to_string(m_->K) + "x" +
+                            std::to_string(m_->N) + ";y:" + detail::dims_of(y);
+  }
+  detail::run_gemm(g, ctx);
+  scope.finish(ctx);
 }
 
 }  // namespace cpuattn

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api/attention.h"
+#include "api/call_scope.h"
 #include "api/checks.h"
 #include "api/context_impl.h"
 #include "core/problem.h"
@@ -21,6 +22,16 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
   std::string s = "[";
   for (std::int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
   return s + "]";
+}
+
+// Describes a layer call in its record (include/cpuattn/profile.h).
+void describe(detail::CallScope& scope, const std::string& inputs, const MhaConfig& c,
+              const AttentionOptions& opts) {
+  if (!scope.active()) return;
+  scope.record().shapes =
+      inputs + ";d_model:" + std::to_string(c.d_model) + ";heads:" + std::to_string(c.heads) +
+      ";kv_heads:" + std::to_string(c.kv_heads) + ";head_dim:" + std::to_string(c.head_dim);
+  scope.record().mask = detail::mask_description(opts);
 }
 
 void check_f32(const char* name, const TensorView& t, int rank) {
@@ -326,12 +337,17 @@ KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity
 
 void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
                                  const AttentionOptions& opts, Context* context) const {
+  // The record is this scope's; forward_cross's own scope is then nested and records nothing.
+  detail::CallScope scope("mha.forward");
   forward_cross(x, x, out, opts, context);
+  describe(scope, "x:" + detail::dims_of(x), live(impl_, "forward").cfg, opts);
+  scope.finish(context != nullptr ? *context : default_context());
 }
 
 void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,
                                        const OutputView& out, const AttentionOptions& opts,
                                        Context* context) const {
+  detail::CallScope scope("mha.forward_cross");
   const Impl& m = live(impl_, "forward");
   const MhaConfig& c = m.cfg;
   check_f32("xq", xq, 3);
@@ -365,10 +381,13 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   detail::run_attention(problem, ctx);
   m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, Lq, c.heads * c.value_dim}), out,
                &ctx);
+  describe(scope, "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv), c, opts);
+  scope.finish(ctx);
 }
 
 void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,
                                 const AttentionOptions& opts_in, Context* context) const {
+  detail::CallScope scope("mha.decode");
   const Impl& m = live(impl_, "decode");
   const MhaConfig& c = m.cfg;
   check_f32("x", x, 3);
@@ -414,6 +433,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   detail::run_attention(problem, ctx);
   m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
                &ctx);
+  describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts);
+  scope.finish(ctx);
 }
 
 }  // namespace cpuattn

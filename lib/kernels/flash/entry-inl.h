@@ -15,8 +15,8 @@
 CPUATTN_NAMESPACE_BEGIN
 
 void RunFlashTaskF32(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
-                     detail::Scratch& scratch) {
-  RunTask<Ops>(p, pl, t, scratch);
+                     detail::Scratch& scratch, detail::ThreadLog* log) {
+  RunTask<Ops>(p, pl, t, scratch, log);
 }
 
 const detail::FlashKernels* GetFlashKernels() {

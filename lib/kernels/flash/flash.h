@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/plan.h"
+#include "core/recorder.h"
 #include "core/scratch.h"
 #include "cpuattn/cpuattn.h"
 #include "dispatch/dispatch.h"
@@ -26,8 +27,8 @@ struct FlashKernels {
   std::int64_t block_rows;  // max query rows per block
   std::int64_t block_keys;  // keys per K/V block
   // Runs task `t` of `plan` on f32 Q/K/V/out. Writes out/lse directly, or partials when
-  // plan.k_splits > 1.
-  void (*run_task_f32)(const Problem&, const Plan&, std::int64_t t, Scratch&);
+  // plan.k_splits > 1. With a log (profiling), charges its time to phases there.
+  void (*run_task_f32)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
 };
 
 const FlashKernels& flash_kernels(const Choice& choice);

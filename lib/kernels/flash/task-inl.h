@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "core/plan.h"
+#include "core/recorder.h"
 #include "core/scratch.h"
 #include "core/softmax.h"
 #include "kernels/common/mask-inl.h"
@@ -44,9 +45,12 @@ inline constexpr int kStreamRows = 8;
 // Runs task t of the plan: one (batch, K/V head, head split, chunk of query blocks, key split).
 // K/V blocks are packed once per task: kept for all query blocks when the chunk has several,
 // else packed into one reused slot (decode), so K/V far larger than the caches stream once.
+// With a log (profiling on), the time is split into phases at every step of every key block
+// (one time-stamp read each); without one, each step's check is a predicted branch.
 template <class O>
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
-             detail::Scratch& scratch) {
+             detail::Scratch& scratch, detail::ThreadLog* log) {
+  detail::PhaseClock clock(log);
   static_assert(simd::VectorOps<O>);
   constexpr int N = O::kLanes;
   constexpr int W = Geometry<O>::W;
@@ -102,6 +106,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       O::Store(O::Zero(), l + r * N);
     }
     std::fill(acc, acc + rows * g.DvP, 0.0f);
+    clock.lap(Phase::pack_q);
     // Causal and key-length limits: rows see keys [0, end(i)), end non-decreasing in i.
     const std::int64_t end_lo = std::min(k1, p.key_end(b, pos0));
     const std::int64_t end_hi = std::min(k1, p.key_end(b, pos1 - 1));
@@ -128,6 +133,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
         if (keep_packed) packed_blocks = slot + 1;
       }
+      clock.lap(Phase::pack_kv);
       // Keys of this block that some row may see, rounded up to whole panels.
       const std::int64_t nk_live = std::min(nk, end_hi - kb0);
       const std::int64_t ncols = (nk_live + W - 1) / W * W;
@@ -150,13 +156,16 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                             static_cast<std::int64_t>(dtype_size(p.mask.dtype));
         }
       }
+      clock.lap(Phase::mask);
 
       // 1. Scores, masked in the micro-kernel epilogue where needed.
       if (stream) {
         const float* K =
             static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
         DotScores<O>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, s, g.Nk);
+        clock.lap(Phase::scores);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
+        clock.lap(Phase::mask);
       }
       for (std::int64_t c0 = 0; c0 < (stream ? 0 : ncols); c0 += W) {
         const float* panel = kp + (c0 / W) * g.D * W;
@@ -173,9 +182,12 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         }
       }
 
+      clock.lap(Phase::scores);
+
       // 2. Online softmax: fold the block into each row's running state.
       for (int r = 0; r < rows; ++r)
         OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
+      clock.lap(Phase::softmax);
 
       // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
       for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
@@ -193,6 +205,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                     nk_live, acc + r0 * g.DvP + c0, g.DvP);
         }
       }
+      clock.lap(Phase::pv);
     }
 
     // 4. Normalize once, or hand the unnormalized state to the merge.
@@ -220,9 +233,11 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       if (p.lse != nullptr)
         static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();
     }
+    clock.lap(Phase::output);
   }
   // Non-temporal stores are weakly ordered: complete them before the task reports done.
   if (pl.stream_out) O::StreamFence();
+  clock.lap(Phase::output);
 }
 
 CPUATTN_NAMESPACE_END

@@ -1,0 +1,337 @@
+// Call records (include/cpuattn/profile.h): the verbose line, the phase split against the wall
+// time, layers recorded as one call, the Chrome trace, and CPUATTN_VERBOSE from many threads.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpuattn/cpuattn.h"
+#include "cpuattn/layers.h"
+#include "cpuattn/profile.h"
+#include "test_util.h"
+
+namespace cpuattn {
+namespace {
+
+using test::random_floats;
+
+struct Attn {
+  std::int64_t B, H, Lq, Lk, D;
+  std::vector<float> q, k, v, out;
+  Attn(std::int64_t b, std::int64_t h, std::int64_t lq, std::int64_t lk, std::int64_t d)
+      : B(b),
+        H(h),
+        Lq(lq),
+        Lk(lk),
+        D(d),
+        q(random_floats(b * h * lq * d, 1)),
+        k(random_floats(b * h * lk * d, 2)),
+        v(random_floats(b * h * lk * d, 3)),
+        out(b * h * lq * d) {}
+  void run(Context& ctx, const AttentionOptions& opts = {}) {
+    attention(f32_view(q.data(), {B, H, Lq, D}), f32_view(k.data(), {B, H, Lk, D}),
+              f32_view(v.data(), {B, H, Lk, D}), f32_view(out.data(), {B, H, Lq, D}), opts, &ctx);
+  }
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) out.push_back(item);
+  return out;
+}
+
+// Parses a verbose line into (key, value) pairs in order; the first two fields are the prefix
+// and the op.
+std::vector<std::pair<std::string, std::string>> parse_line(const std::string& line) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  const auto fields = split(line, ',');
+  EXPECT_GE(fields.size(), 13u) << line;
+  if (fields.size() < 2) return kv;
+  EXPECT_EQ(fields[0], "cpuattn_verbose") << line;
+  kv.emplace_back("op", fields[1]);
+  for (std::size_t i = 2; i < fields.size(); ++i) {
+    const auto eq = fields[i].find('=');
+    EXPECT_NE(eq, std::string::npos) << fields[i] << " in " << line;
+    if (eq == std::string::npos) continue;
+    kv.emplace_back(fields[i].substr(0, eq), fields[i].substr(eq + 1));
+  }
+  return kv;
+}
+
+const char* const kFieldOrder[] = {"op",      "dtype", "shapes",   "mask",    "target", "simd",
+                                   "threads", "tasks", "k_splits", "time_ms", "gflops", "gbps"};
+
+std::set<std::string> phase_names() {
+  std::set<std::string> s;
+  for (int p = 0; p < kNumPhases; ++p) s.insert(phase_name(static_cast<Phase>(p)));
+  return s;
+}
+
+// Checks a line's fields and order; returns them by key.
+std::map<std::string, std::string> check_line(const std::string& line, bool phases) {
+  const auto kv = parse_line(line);
+  const std::size_t n = std::size(kFieldOrder);
+  EXPECT_EQ(kv.size(), n + (phases ? 1 : 0)) << line;
+  for (std::size_t i = 0; i < std::min(n, kv.size()); ++i) {
+    EXPECT_EQ(kv[i].first, kFieldOrder[i]) << "field " << i << " of " << line;
+  }
+  std::map<std::string, std::string> m(kv.begin(), kv.end());
+  if (phases) {
+    EXPECT_EQ(kv.back().first, "phases") << line;
+    double sum = 0;
+    for (const auto& item : split(m["phases"], ';')) {
+      const auto colon = item.find(':');
+      EXPECT_NE(colon, std::string::npos) << item;
+      if (colon == std::string::npos) continue;
+      EXPECT_TRUE(phase_names().count(item.substr(0, colon))) << item;
+      const double ms = std::stod(item.substr(colon + 1));
+      EXPECT_GT(ms, 0) << item;
+      sum += ms;
+    }
+    EXPECT_GT(sum, 0) << line;
+  }
+  for (const char* num : {"time_ms", "gflops", "gbps"}) EXPECT_GE(std::stod(m[num]), 0) << line;
+  return m;
+}
+
+// The line names the call, its shapes and mask, and the target and provider that ran it, on
+// every (provider, target) of this machine.
+TEST(Profile, VerboseLineNamesTheCallAndTheTargetThatRanIt) {
+  Attn a(2, 3, 37, 45, 24);
+  for (const auto& be : test::machine_backends()) {
+    SCOPED_TRACE(be.name());
+    Context ctx(2);
+    be.apply(ctx);
+    AttentionOptions opts;
+    opts.causal = Causal::top_left;
+    std::vector<CallProfile> calls;
+    {
+      ProfileSession session;
+      a.run(ctx, opts);
+      calls = session.take();
+    }
+    ASSERT_EQ(calls.size(), 1u);
+    const auto m = check_line(verbose_line(calls[0], 1), false);
+    EXPECT_EQ(m.at("op"), "attention");
+    EXPECT_EQ(m.at("dtype"), "f32");
+    EXPECT_EQ(m.at("shapes"), "q:2x3x37x24;k:2x3x45x24;v:2x3x45x24;out:2x3x37x24");
+    EXPECT_EQ(m.at("mask"), "causal_top_left");
+    EXPECT_EQ(m.at("target"), target_name(active_target(&ctx)));
+    EXPECT_EQ(m.at("simd"), simd_name(active_simd(&ctx)));
+    EXPECT_EQ(m.at("threads"), std::to_string(std::min(2u, std::thread::hardware_concurrency())));
+    EXPECT_GE(std::stoll(m.at("tasks")), 1);
+    check_line(verbose_line(calls[0], 2), true);
+    // Work: 2 (D + Dv) flops per visible pair (top-left causal: i + 1 keys of 45) per head.
+    double pairs = 0;
+    for (int i = 0; i < 37; ++i) pairs += i + 1;
+    EXPECT_DOUBLE_EQ(calls[0].flops, 2.0 * 48 * 2 * 3 * pairs);
+  }
+  // After the session, nothing is recorded.
+  ProfileSession later;
+  EXPECT_TRUE(later.take().empty());
+}
+
+// The phases partition the tasks' time, and with one thread the tasks are nearly all of the
+// call: stated slack, the phases cover >= 80% of the wall time (the rest is validation, the plan,
+// scratch and the scheduler) and never more than the wall time (+1% for the clock conversion).
+TEST(Profile, PhaseTimesSumToTheWallTime) {
+  struct Case {
+    Attn a;
+    std::vector<Phase> expected;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Attn(1, 4, 512, 512, 64),
+                   {Phase::pack_kv, Phase::scores, Phase::softmax, Phase::pv, Phase::output}});
+  // Decode against a long cache: split keys, merged afterwards.
+  cases.push_back({Attn(1, 2, 1, 8192, 64), {Phase::scores, Phase::pv, Phase::merge}});
+  for (auto& c : cases) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("Lq " + std::to_string(c.a.Lq) + ", threads " + std::to_string(threads));
+      Context ctx(threads);
+      c.a.run(ctx);  // warm-up
+      ProfileSession session;
+      for (int r = 0; r < 5; ++r) c.a.run(ctx);
+      const auto calls = session.take();
+      ASSERT_EQ(calls.size(), 5u);
+      double best_cover = 0;
+      for (const CallProfile& call : calls) {
+        ASSERT_TRUE(call.has_phases);
+        const double total = call.phase_total_ms();
+        double busy = 0;
+        for (double b : call.thread_busy_ms) busy += b;
+        // Phases lie inside tasks: their sum is the tasks' time, less the two clock reads.
+        EXPECT_LE(total, busy * 1.001 + 1e-3);
+        EXPECT_GE(total, busy * 0.97);
+        EXPECT_LE(total, call.wall_ms * call.threads * 1.01 + 1e-3);
+        for (Phase p : c.expected)
+          EXPECT_GT(call.phase_ms[static_cast<int>(p)], 0) << phase_name(p);
+        if (c.a.Lq == 1) {
+          EXPECT_GT(call.k_splits, 1);
+        }
+        best_cover = std::max(best_cover, total / call.wall_ms);
+      }
+      if (threads == 1) {
+        EXPECT_GE(best_cover, 0.8);
+      }
+    }
+  }
+}
+
+// A layer is one call: MultiHeadAttention's projections and attention are phases of its record,
+// and its work is theirs added up.
+TEST(Profile, LayersRecordOneCallWithTheWorkOfTheirParts) {
+  const std::int64_t B = 2, L = 33, dm = 64, heads = 4;
+  const auto w = [&](std::uint32_t seed) { return random_floats(dm * dm, seed, -0.1f, 0.1f); };
+  const auto wq = w(1), wk = w(2), wv = w(3), wo = w(4);
+  const auto m = [&](const std::vector<float>& x) { return f32_view(x.data(), {dm, dm}); };
+  MultiHeadAttention mha(MhaConfig{dm, heads, 0, 0, 0}, MhaWeights{m(wq), m(wk), m(wv), m(wo)});
+  const auto x = random_floats(B * L * dm, 5);
+  std::vector<float> out(B * L * dm);
+  Context ctx(2);
+  ProfileSession session;
+  AttentionOptions causal;
+  causal.causal = Causal::top_left;
+  mha.forward(f32_view(x.data(), {B, L, dm}), f32_view(out.data(), {B, L, dm}), causal, &ctx);
+  Linear lin(m(wq));
+  lin.forward(f32_view(x.data(), {B * L, dm}), f32_view(out.data(), {B * L, dm}), &ctx);
+  const auto calls = session.take();
+  ASSERT_EQ(calls.size(), 2u);
+  const CallProfile& f = calls[0];
+  EXPECT_EQ(f.op, "mha.forward");
+  EXPECT_EQ(f.mask, "causal_top_left");
+  EXPECT_NE(f.shapes.find("x:2x33x64"), std::string::npos) << f.shapes;
+  EXPECT_GT(f.phase_ms[static_cast<int>(Phase::gemm)], 0);
+  EXPECT_GT(f.phase_ms[static_cast<int>(Phase::scores)], 0);
+  const double proj = 4 * 2.0 * B * L * dm * dm;
+  const double attn = 2.0 * 2 * (dm / heads) * heads * B * (L * (L + 1) / 2.0);
+  EXPECT_DOUBLE_EQ(f.flops, proj + attn);
+  check_line(verbose_line(f, 2), true);
+  EXPECT_EQ(calls[1].op, "linear");
+  EXPECT_DOUBLE_EQ(calls[1].flops, 2.0 * B * L * dm * dm);
+  EXPECT_EQ(calls[1].shapes, "x:66x64;weight:64x64;y:66x64");
+}
+
+// A call that fails validation records nothing.
+TEST(Profile, RejectedCallsAreNotRecorded) {
+  Attn a(1, 2, 8, 8, 16);
+  Context ctx(1);
+  ProfileSession session;
+  EXPECT_THROW(attention(f32_view(a.q.data(), {1, 2, 8, 16}), f32_view(a.k.data(), {1, 2, 8, 15}),
+                         f32_view(a.v.data(), {1, 2, 8, 16}), f32_view(a.out.data(), {1, 2, 8, 16}),
+                         {}, &ctx),
+               Error);
+  EXPECT_TRUE(session.take().empty());
+}
+
+// The trace is valid JSON: a named track per thread that ran tasks plus the calls' track, task
+// spans on the threads' tracks, and phase spans inside their tasks.
+TEST(Profile, ChromeTraceHasOneTrackPerThreadAndPhaseSpansInsideTasks) {
+  Attn a(2, 4, 300, 300, 32);
+  Context ctx(2);
+  std::vector<CallProfile> calls;
+  {
+    ProfileSession session(/*spans=*/true);
+    a.run(ctx);
+    a.run(ctx);
+    calls = session.take();
+  }
+  ASSERT_EQ(calls.size(), 2u);
+  const std::string path =
+      ::testing::TempDir() + "cpuattn_trace_" + std::to_string(::getpid()) + ".json";
+  write_chrome_trace(calls, path);
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);  // throws on invalid JSON
+  std::remove(path.c_str());
+  std::map<int, std::string> names;
+  std::map<int, std::vector<std::pair<double, double>>> tasks;
+  std::vector<nlohmann::json> phases;
+  int call_spans = 0;
+  for (const auto& e : j.at("traceEvents")) {
+    const int tid = e.at("tid").get<int>();
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") names[tid] = e["args"]["name"];
+    if (e.at("ph") != "X") continue;
+    const std::string cat = e.at("cat");
+    if (cat == "call") {
+      ++call_spans;
+      EXPECT_EQ(tid, 0);
+    }
+    if (cat == "task")
+      tasks[tid].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    if (cat == "phase") phases.push_back(e);
+  }
+  EXPECT_EQ(call_spans, 2);
+  EXPECT_EQ(names[0], "calls");
+  ASSERT_FALSE(tasks.empty());
+  EXPECT_LE(tasks.size(), static_cast<std::size_t>(ctx.num_threads()));
+  for (const auto& [tid, spans] : tasks) {
+    EXPECT_GE(tid, 1);
+    EXPECT_EQ(names[tid], "thread " + std::to_string(tid - 1));
+  }
+  std::set<std::string> seen;
+  for (const auto& e : phases) {
+    const int tid = e["tid"].get<int>();
+    const double b = e["ts"].get<double>(), end = b + e["dur"].get<double>();
+    seen.insert(e["name"].get<std::string>());
+    // Printed to the ns: a phase may end one rounding step past its task.
+    const auto& ts = tasks[tid];
+    const bool inside = std::any_of(ts.begin(), ts.end(), [&](const auto& t) {
+      return b >= t.first - 2e-3 && end <= t.second + 2e-3;
+    });
+    EXPECT_TRUE(inside) << e.dump();
+    if (!inside) break;
+  }
+  for (const char* p : {"pack_q", "pack_kv", "scores", "softmax", "pv", "output"})
+    EXPECT_TRUE(seen.count(p)) << p;
+  EXPECT_THROW(write_chrome_trace(calls, "/nonexistent-dir/t.json"), Error);
+  EXPECT_FALSE(write_trace());  // CPUATTN_TRACE is not set in this test
+}
+
+// CPUATTN_VERBOSE=2 in a fresh process (the variable is read once): 4 threads x 25 calls print
+// 100 whole lines, never two interleaved. The child checks its own stderr and exits 0 if so.
+TEST(ProfileDeathTest, VerboseEnvPrintsOneWholeLinePerCallFromManyThreads) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string log = ::testing::TempDir() + "cpuattn_verbose_" + std::to_string(::getpid());
+  const auto child = [&log] {
+    ::setenv("CPUATTN_VERBOSE", "2", 1);
+    std::FILE* f = std::fopen(log.c_str(), "w");
+    if (f == nullptr) std::_Exit(3);
+    ::dup2(fileno(f), 2);
+    {
+      Context ctx(2);
+      std::vector<std::thread> ts;
+      for (int t = 0; t < 4; ++t) {
+        ts.emplace_back([&ctx, t] {
+          Attn a(1, 2, 17 + t, 40, 16);
+          for (int r = 0; r < 25; ++r) a.run(ctx);
+        });
+      }
+      for (auto& t : ts) t.join();
+    }
+    std::ifstream in(log);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      const auto kv = parse_line(line);
+      if (kv.size() != std::size(kFieldOrder) + 1 || kv.back().first != "phases") std::_Exit(4);
+      ++n;
+    }
+    std::_Exit(n == 100 ? 0 : 5);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  std::remove(log.c_str());
+}
+
+}  // namespace
+}  // namespace cpuattn
