@@ -1,12 +1,18 @@
 // Google Benchmark suite: the fused kernel on every SIMD provider and target this CPU supports,
 // against the unfused baseline and the double-precision reference, on the project's named shapes
 // (bench/support/shapes.h, the table `cpuattn bench` uses). Rates are reported as counters
-// (FLOP/s, and bytes/s of K+V read for decode shapes).
+// (FLOP/s, and bytes/s of K+V read for decode shapes). Thread counts run from 1 to this
+// machine's logical CPUs. Google Benchmark writes JSON with --benchmark_out, and its compare.py
+// (Debian's libbenchmark-tools) compares two such files (README, "Benchmarking and profiling"):
 //   build/release/bench/bench_attention --benchmark_filter='Fused/P1/highway'
+//   build/release/bench/bench_attention --benchmark_filter=Fused/ --benchmark_out=run.json \
+//       --benchmark_out_format=json --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
@@ -78,6 +84,12 @@ void run(benchmark::State& state, const Shape& s, Simd simd, Target target, Impl
       benchmark::Counter(s.kv_bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// 1, 2, ... up to the machine's logical CPUs.
+void ThreadArgs(benchmark::internal::Benchmark* b) {
+  const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int t = 1; t <= n; ++t) b->Arg(t);
+}
+
 int Register() {
   for (const auto& [name_, s] : cpuattn::bench::named_shapes()) {
     for (Simd simd : {Simd::highway, Simd::xsimd}) {
@@ -90,8 +102,7 @@ int Register() {
           benchmark::RegisterBenchmark(
               name.c_str(), [s, simd, t, impl](benchmark::State& st) { run(st, s, simd, t, impl); })
               ->ArgName("threads")
-              ->Arg(1)
-              ->Arg(2)
+              ->Apply(ThreadArgs)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
         }
@@ -103,7 +114,7 @@ int Register() {
           (std::string("Reference/") + s.name).c_str(),
           [s](benchmark::State& st) { run(st, s, Simd::highway, Target::best, Impl::reference); })
           ->ArgName("threads")
-          ->Arg(2)
+          ->Arg(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime()
           ->Iterations(1);
@@ -115,4 +126,12 @@ const int registered = Register();
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // Which kernels this CPU runs, in the JSON "context" next to Google Benchmark's own CPU facts.
+  benchmark::AddCustomContext("cpuattn_targets", cpuattn::supported_targets());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

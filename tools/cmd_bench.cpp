@@ -1,331 +1,418 @@
-// `cpuattn bench`: times the fused kernel on named or custom shapes and puts each figure in
-// proportion to this machine's FMA peak (and read bandwidth for decode), measured before and
-// after the cases.
+// `cpuattn bench`: times the fused kernel on named or custom shapes, or sweeps threads, sequence
+// length or batch, and puts each figure in proportion to this machine's FMA peak and read
+// bandwidth, measured before and after the cases. Every record names the machine and build.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
+#include <fstream>
 #include <map>
 #include <memory>
-#include <new>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "cases.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
-#include "cpuattn/layers.h"
+#include "machine.h"
 #include "probes.h"
-#include "shapes.h"
 
 namespace cpuattn::cli {
 namespace {
 
-using Shape = bench::Shape;
-using bench::named_shapes;
-
-Shape parse_shape(const std::string& text, bool causal) {
-  if (auto it = named_shapes().find(text); it != named_shapes().end()) {
-    Shape s = it->second;
-    s.causal = s.causal || causal;
-    return s;
-  }
-  std::vector<std::int64_t> v;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      std::size_t used = 0;
-      const long long x = std::stoll(item, &used);
-      if (used != item.size() || x < 1) throw std::invalid_argument("");
-      v.push_back(x);
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--shape '" + text +
-                                  "': expected a name (S1,P1,P2,X1,D1,D2,L1,M1,M2) or "
-                                  "B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
-    }
-  }
-  if (v.size() < 5 || v.size() > 7) {
-    throw std::invalid_argument("--shape '" + text + "': expected B,H,Lq,Lk,D[,Hkv[,Dv]]");
-  }
-  Shape s{
-      text,  v[0], v[1], v[2], v[3], v[4], v.size() > 5 ? v[5] : v[1], v.size() > 6 ? v[6] : v[4],
-      causal};
-  return s;
-}
-
-// Attention inputs and outputs are 64-byte aligned, as frameworks allocate tensors (PyTorch's
-// CPU allocator aligns to 64): std::vector's 16-byte alignment would keep the kernel off its
-// aligned paths (the non-temporal output stores).
-template <class T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <class U>
-  explicit Aligned64(const Aligned64<U>&) {}
-  T* allocate(std::size_t n) {
-    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t) { std::free(p); }
-  bool operator==(const Aligned64&) const { return true; }
-  bool operator!=(const Aligned64&) const { return false; }
-};
-using AlignedFloats = std::vector<float, Aligned64<float>>;
-
-// Deterministic, cheap fill (a hash of the index): random enough for timing, never zeros.
-template <class Vec>
-void fill(Vec& x, std::uint32_t seed) {
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u + seed * 40503u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = (static_cast<float>(h & 0xFFFFFF) / float(0xFFFFFF)) * 2.0f - 1.0f;
-  }
-}
+using Json = nlohmann::ordered_json;
 
 struct Options {
   std::vector<std::string> shapes;
   bool causal = false;
   std::vector<int> threads = {1, 2};
-  std::string target = "best";
+  bool threads_given = false;
+  std::vector<std::string> targets = {"best"};
   std::vector<std::string> simd;  // empty: the default context's provider (CPUATTN_SIMD)
   int repeat = 7;
-  bool json = false;
+  bool repeat_given = false;
+  std::string sweep;  // "", threads, seq, batch
+  std::vector<std::int64_t> values;
+  bool json = false, csv = false, md = false;
+  std::string out;
 };
 
-// One timed case: its work (FLOPs, and the bytes it must stream for memory-bound cases) and a
-// function that runs it once on a context. Inputs are made once per case, outside the timing.
-struct Case {
-  std::string name, dims;
-  double flops = 0, bytes = 0;
-  bool memory_bound = false;  // report GB/s against the read bandwidth as well
-  std::function<void(Context&)> run;
+// One measured configuration: a case at a thread count, with the sweep value that made it.
+struct Point {
+  std::string case_name;  // a name for make_case(), or "" with `shape` set
+  Shape shape{};
+  bool custom = false;
+  int threads = 1;
+  std::int64_t value = 0;  // the swept value (threads, L or B); 0 without a sweep
 };
 
-Case attention_case(const Shape& s) {
-  struct Data {
-    AlignedFloats q, k, v, out;
-  };
-  auto d = std::make_shared<Data>();
-  d->q.resize(s.B * s.H * s.Lq * s.D);
-  d->k.resize(s.B * s.Hkv * s.Lk * s.D);
-  d->v.resize(s.B * s.Hkv * s.Lk * s.Dv);
-  d->out.resize(s.B * s.H * s.Lq * s.Dv);
-  fill(d->q, 1);
-  fill(d->k, 2);
-  fill(d->v, 3);
-  AttentionOptions opts;
-  opts.causal = s.causal ? Causal::top_left : Causal::none;
-  Case c{s.name, s.dims(), s.flops(), s.kv_bytes(), s.decode(), {}};
-  c.run = [d, s, opts](Context& ctx) {
-    attention(f32_view(d->q.data(), {s.B, s.H, s.Lq, s.D}),
-              f32_view(d->k.data(), {s.B, s.Hkv, s.Lk, s.D}),
-              f32_view(d->v.data(), {s.B, s.Hkv, s.Lk, s.Dv}),
-              f32_view(d->out.data(), {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
-  };
-  return c;
+struct Variant {
+  Target cap;
+  Simd simd;
+};
+
+Shape with_seq(Shape s, std::int64_t L) {
+  // A decode shape keeps one query and sweeps the cache; others sweep Lq = Lk.
+  if (s.Lq != 1) s.Lq = L;
+  s.Lk = L;
+  return s;
 }
 
-// Layer cases (README, "Benchmarks"): the dense product of a fused Q/K/V projection, a whole
-// multi-head attention layer, and one decoding step against a 4096-token KV cache.
-constexpr std::int64_t kDm = 768, kHeads = 12, kTokens = 4096;
-
-std::shared_ptr<MultiHeadAttention> bench_layer() {
-  std::vector<float> wq(kDm * kDm), wk(kDm * kDm), wv(kDm * kDm), wo(kDm * kDm), b(kDm);
-  fill(wq, 4);
-  fill(wk, 5);
-  fill(wv, 6);
-  fill(wo, 7);
-  fill(b, 8);
-  for (auto* w : {&wq, &wk, &wv, &wo})
-    for (auto& x : *w) x *= 0.036f;  // ~ 1/sqrt(d_model): unit-sized activations
-  const auto m = [](const std::vector<float>& w) { return f32_view(w.data(), {kDm, kDm}); };
-  const auto bv = f32_view(b.data(), {kDm});
-  return std::make_shared<MultiHeadAttention>(
-      MhaConfig{kDm, kHeads, 0, 0, 0}, MhaWeights{m(wq), m(wk), m(wv), m(wo), bv, bv, bv, bv});
+std::vector<Point> make_points(const Options& o) {
+  std::vector<Point> pts;
+  if (o.sweep.empty()) {
+    std::vector<std::string> names = o.shapes;
+    if (names.empty()) names = {"S1", "P1", "P2", "X1", "D1", "D2", "L1", "M1", "M2"};
+    for (const auto& n : names)
+      for (int t : o.threads) pts.push_back({n, {}, false, t, 0});
+    return pts;
+  }
+  const auto base_name = [&](const char* dflt) {
+    return o.shapes.empty() ? std::string(dflt) : o.shapes.front();
+  };
+  if (o.sweep == "threads") {
+    std::vector<int> ts = o.threads;
+    if (!o.threads_given) {
+      ts.clear();
+      const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      for (int t = 1; t <= n; ++t) ts.push_back(t);
+    }
+    std::vector<std::string> names = o.shapes;
+    if (names.empty()) names = {"P1"};
+    for (const auto& n : names)
+      for (int t : ts) pts.push_back({n, {}, false, t, t});
+    return pts;
+  }
+  const Shape base = parse_shape(base_name(o.sweep == "seq" ? "P1" : "X1"), o.causal);
+  std::vector<std::int64_t> values = o.values;
+  if (values.empty()) {
+    if (o.sweep == "seq") {
+      for (std::int64_t L = 128; L <= 16384; L *= 2) values.push_back(L);
+    } else {
+      for (std::int64_t b = 1; b <= 64; b *= 2) values.push_back(b);
+    }
+  }
+  for (std::int64_t v : values) {
+    Shape s = o.sweep == "seq" ? with_seq(base, v) : base;
+    if (o.sweep == "batch") s.B = v;
+    s.name = base.name;
+    for (int t : o.threads) pts.push_back({"", s, true, t, v});
+  }
+  return pts;
 }
 
-std::optional<Case> layer_case(const std::string& name) {
-  if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
-    const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
-    auto x = std::make_shared<std::vector<float>>(M * K);
-    auto y = std::make_shared<std::vector<float>>(M * N);
-    std::vector<float> w(K * N);
-    fill(*x, 9);
-    fill(w, 10);
-    auto lin = std::make_shared<Linear>(f32_view(w.data(), {K, N}));
-    return Case{"L1", "Linear M4096 K768 N2304", 2.0 * M * K * N, 0, false, [=](Context& ctx) {
-                  lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
-                }};
+// The probes, per (target cap, threads); the best reading over providers and over the runs
+// before and after the cases (a neighbour on a shared core lowers single readings).
+struct Probes {
+  std::map<std::pair<int, int>, double> peak, tile, bw;
+  void measure(const std::vector<Variant>& variants, const std::vector<int>& threads) {
+    for (int t : threads) {
+      for (const Variant& v : variants) {
+        Context ctx(t);
+        ctx.set_max_target(v.cap);
+        ctx.set_simd(v.simd);
+        const auto key = std::make_pair(static_cast<int>(v.cap), t);
+        peak[key] = std::max(peak[key], measure_fma_peak_gflops(t, &ctx));
+        tile[key] = std::max(tile[key], measure_tile_gflops(t, &ctx));
+        bw[key] = std::max(bw[key], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &ctx));
+      }
+    }
   }
-  if (name == "M1") {  // self-attention layer, B 8, L 512
-    const std::int64_t B = 8, L = 512;
-    auto layer = bench_layer();
-    auto x = std::make_shared<std::vector<float>>(B * L * kDm);
-    auto out = std::make_shared<std::vector<float>>(B * L * kDm);
-    fill(*x, 11);
-    const double proj = 2.0 * B * L * kDm * kDm * 4;  // Q, K, V and output projections
-    const double attn = 4.0 * B * kHeads * L * L * (kDm / kHeads);
-    return Case{"M1", "MHA B8 L512 d768 H12", proj + attn, 0, false, [=](Context& ctx) {
-                  layer->forward(f32_view(x->data(), {B, L, kDm}),
-                                 f32_view(out->data(), {B, L, kDm}), {}, &ctx);
-                }};
+};
+
+Json machine_json() {
+  const Machine& m = this_machine();
+  return Json{{"cpu", m.cpu},
+              {"vendor", m.vendor},
+              {"logical_cpus", m.logical_cpus},
+              {"l1d_kib", m.l1d_bytes / 1024},
+              {"l2_kib", m.l2_bytes / 1024},
+              {"l3_kib", m.l3_bytes / 1024}};
+}
+
+std::string cell(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", v.get<double>());
+    return buf;
   }
-  if (name == "M2") {  // one new token per sequence, 8 sequences, 4096 cached tokens each
-    const std::int64_t B = 8;
-    auto layer = bench_layer();
-    auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1));
-    // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
-    // back, so every run attends to 4097 tokens.
-    std::vector<float> kv(B * kHeads * kTokens * (kDm / kHeads));
-    fill(kv, 12);
-    const TensorView kvv = f32_view(kv.data(), {B, kHeads, kTokens, kDm / kHeads});
-    cache->append(kvv, kvv);
-    auto x = std::make_shared<std::vector<float>>(B * kDm);
-    auto out = std::make_shared<std::vector<float>>(B * kDm);
-    fill(*x, 13);
-    const double proj = 2.0 * B * kDm * kDm * 4;
-    const double attn = 4.0 * B * kHeads * (kTokens + 1) * (kDm / kHeads);
-    const double bytes = 4.0 * (4 * kDm * kDm + 2.0 * B * (kTokens + 1) * kDm);
-    return Case{
-        "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {
-          layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
-                        f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
-          cache->truncate(kTokens);  // drop the new token: every run sees 4097
-        }};
+  return v.dump();
+}
+
+// Flattens {"machine": {"cpu": ..}} into "machine.cpu" columns.
+std::vector<std::pair<std::string, Json>> flat(const Json& r) {
+  std::vector<std::pair<std::string, Json>> out;
+  for (const auto& [k, v] : r.items()) {
+    if (v.is_object()) {
+      for (const auto& [k2, v2] : v.items()) out.emplace_back(k + "." + k2, v2);
+    } else {
+      out.emplace_back(k, v);
+    }
   }
-  return std::nullopt;
+  return out;
+}
+
+std::string csv_quote(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string format_records(const std::vector<Json>& recs, const std::string& fmt) {
+  std::ostringstream s;
+  if (fmt == "json") {
+    for (const auto& r : recs) s << r.dump() << "\n";
+    return s.str();
+  }
+  if (recs.empty()) return "";
+  // Columns: the union of every record's fields, in first-seen order (decode rows add pct_bw).
+  std::vector<std::string> cols;
+  for (const auto& r : recs) {
+    for (const auto& [k, v] : flat(r)) {
+      if (std::find(cols.begin(), cols.end(), k) == cols.end()) cols.push_back(k);
+    }
+  }
+  if (fmt == "md") {
+    // The machine is the same for every row: said once above the table, not in every row.
+    const Json& m = recs.front()["machine"];
+    s << "Machine: " << m["cpu"].get<std::string>() << " (" << m["vendor"].get<std::string>()
+      << "), " << m["logical_cpus"] << " logical CPUs, L1d " << m["l1d_kib"] << " KiB, L2 "
+      << m["l2_kib"] << " KiB; cpuattn " << recs.front()["version"].get<std::string>() << " ("
+      << recs.front()["revision"].get<std::string>() << ")\n\n";
+    std::erase_if(cols, [](const std::string& c) {
+      return c.rfind("machine.", 0) == 0 || c == "version" || c == "revision";
+    });
+  }
+  const auto row = [&](const Json& r) {
+    std::vector<std::string> cells;
+    const auto f = flat(r);
+    for (const auto& c : cols) {
+      auto it = std::find_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == c; });
+      cells.push_back(it == f.end() ? "" : cell(it->second));
+    }
+    return cells;
+  };
+  const char* sep = fmt == "md" ? " | " : ",";
+  const auto line = [&](const std::vector<std::string>& cells) {
+    if (fmt == "md") s << "| ";
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      s << (i ? sep : "") << (fmt == "csv" ? csv_quote(cells[i]) : cells[i]);
+    }
+    s << (fmt == "md" ? " |\n" : "\n");
+  };
+  line(cols);
+  if (fmt == "md") line(std::vector<std::string>(cols.size(), "---"));
+  for (const auto& r : recs) line(row(r));
+  return s.str();
+}
+
+void print_table(const Options& o, const std::vector<Json>& recs, const Probes& pr,
+                 const std::vector<Variant>& variants, const std::vector<int>& threads) {
+  const Machine& m = this_machine();
+  std::printf("cpuattn bench: %s, %d logical CPUs; cpuattn %s (%s); median of %d runs\n",
+              m.cpu.c_str(), m.logical_cpus, m.version.c_str(), m.revision.c_str(), o.repeat);
+  std::vector<Target> caps;
+  for (const Variant& v : variants) {
+    if (std::find(caps.begin(), caps.end(), v.cap) == caps.end()) caps.push_back(v.cap);
+  }
+  for (Target cap : caps) {
+    Context capped(1);
+    capped.set_max_target(cap);
+    for (int t : threads) {
+      const auto key = std::make_pair(static_cast<int>(cap), t);
+      std::printf(
+          "machine peak, target %s, %d thread%s: %.0f GFLOP/s FMA (score micro-kernel on L1 "
+          "data: %.0f, %.0f%%), %.1f GB/s read\n",
+          target_name(active_target(&capped)), t, t > 1 ? "s" : "", pr.peak.at(key),
+          pr.tile.at(key), 100.0 * pr.tile.at(key) / pr.peak.at(key), pr.bw.at(key));
+    }
+  }
+  const bool threads_sweep = o.sweep == "threads";
+  std::printf("\n%-5s %-34s %-7s %-7s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target", "simd",
+              "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
+  if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
+  std::printf("\n");
+  for (const Json& r : recs) {
+    const std::string name = r["shape"].get<std::string>();
+    std::printf("%-5s %-34s %-7s %-7s %7d %10.3f %9.1f %6.1f%% %8.1f",
+                name.size() > 5 ? "-" : name.c_str(), r["dims"].get<std::string>().c_str(),
+                r["target"].get<std::string>().c_str(), r["simd"].get<std::string>().c_str(),
+                r["threads"].get<int>(), r["median_ms"].get<double>(), r["gflops"].get<double>(),
+                r["pct_peak"].get<double>(), r["gbps"].get<double>());
+    if (r.contains("pct_bw")) {
+      std::printf(" %5.1f%%", r["pct_bw"].get<double>());
+    } else {
+      std::printf(" %6s", "");
+    }
+    if (threads_sweep) {
+      std::printf(" %8.2f %5.0f%% %8.2f", r["speedup"].get<double>(),
+                  100.0 * r["efficiency"].get<double>(), r["fma_speedup"].get<double>());
+    }
+    std::printf("\n");
+  }
 }
 
 int run_bench(const Options& o) {
-  std::vector<std::string> names = o.shapes;
-  if (names.empty()) names = {"S1", "P1", "P2", "X1", "D1", "D2", "L1", "M1", "M2"};
-  std::vector<Case> cases;
-  for (const auto& n : names) {
-    if (auto lc = layer_case(n)) {
-      cases.push_back(std::move(*lc));
-    } else {
-      cases.push_back(attention_case(parse_shape(n, o.causal)));
-    }
-  }
-  const Target cap = parse_target(o.target);
+  const std::vector<Point> points = make_points(o);
   std::vector<Simd> providers;
   for (const auto& name : o.simd) providers.push_back(parse_simd(name));
   if (providers.empty()) providers.push_back(default_context().simd());
-  const bool any_memory =
-      std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.memory_bound; });
+  std::vector<Variant> variants;
+  for (const auto& t : o.targets)
+    for (Simd s : providers) variants.push_back({parse_target(t), s});
+  std::vector<int> threads;
+  for (const Point& p : points) {
+    if (std::find(threads.begin(), threads.end(), p.threads) == threads.end())
+      threads.push_back(p.threads);
+  }
+  std::sort(threads.begin(), threads.end());
 
-  // The probes run before and after the cases and the best reading of each is kept: on a shared
-  // machine one probe can run while a neighbour holds a core (seen here: a 2-thread FMA probe
-  // reading 272 GFLOP/s instead of 428, which put P1 at "106% of peak").
-  // With several providers, each probe keeps the best provider's reading: the machine's ceiling
-  // does not depend on which library emitted the FMAs, and every row is judged against one peak.
-  std::map<int, double> peak, tile, bw;
-  const auto probe = [&] {
-    for (int t : o.threads) {
-      for (Simd simd : providers) {
-        Context probe_ctx(t);
-        probe_ctx.set_max_target(cap);
-        probe_ctx.set_simd(simd);
-        peak[t] = std::max(peak[t], measure_fma_peak_gflops(t, &probe_ctx));
-        tile[t] = std::max(tile[t], measure_tile_gflops(t, &probe_ctx));
-        if (any_memory) {
-          bw[t] = std::max(bw[t], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &probe_ctx));
-        }
-      }
-    }
-  };
-  probe();
+  Probes probes;
+  probes.measure(variants, threads);
 
   struct Row {
-    const Case* c;
-    int threads;
-    double median_ms;
-    std::string target, simd;
+    Json rec;
+    std::vector<double> ms;
   };
   std::vector<Row> rows;
-  for (const Case& c : cases) {
-    for (int t : o.threads) {
-      // One context per provider, timed in turns (run r of every provider, then run r + 1), so a
-      // neighbour's load on the shared machine falls on all providers alike.
-      std::vector<std::unique_ptr<Context>> ctxs;
-      for (Simd simd : providers) {
-        ctxs.push_back(std::make_unique<Context>(t));
-        ctxs.back()->set_max_target(cap);
-        ctxs.back()->set_simd(simd);
-        c.run(*ctxs.back());  // warm-up: scratch allocation, page faults, thread start
+  const auto start = std::chrono::steady_clock::now();
+  const bool tty = ::isatty(2) != 0;
+  bool progress_shown = false;
+  for (std::size_t pi = 0; pi < points.size(); ++pi) {
+    const Point& pt = points[pi];
+    // Inputs per point, freed before the next one: a sequence sweep's largest case alone is
+    // hundreds of MB.
+    const Case c = pt.custom ? attention_case(pt.shape) : make_case(pt.case_name, o.causal);
+    if (tty && std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
+      std::fprintf(stderr, "\r[%zu/%zu] %s %s, %d thread%s   ", pi + 1, points.size(),
+                   c.name.c_str(), c.dims.c_str(), pt.threads, pt.threads > 1 ? "s" : "");
+      progress_shown = true;
+    }
+    // One context per variant, timed in turns (run r of every variant, then run r + 1), so a
+    // neighbour's load on the shared machine falls on all variants alike.
+    std::vector<std::unique_ptr<Context>> ctxs;
+    for (const Variant& v : variants) {
+      ctxs.push_back(std::make_unique<Context>(pt.threads));
+      ctxs.back()->set_max_target(v.cap);
+      ctxs.back()->set_simd(v.simd);
+      c.run(*ctxs.back());  // warm-up: scratch allocation, page faults, thread start
+    }
+    std::vector<std::vector<double>> ms(variants.size());
+    for (int r = 0; r < o.repeat; ++r) {
+      for (std::size_t i = 0; i < variants.size(); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        c.run(*ctxs[i]);
+        ms[i].push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
       }
-      std::vector<std::vector<double>> ms(providers.size());
-      for (int r = 0; r < o.repeat; ++r) {
-        for (std::size_t i = 0; i < providers.size(); ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          c.run(*ctxs[i]);
-          ms[i].push_back(
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count());
+    }
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      std::sort(ms[i].begin(), ms[i].end());
+      Json r;
+      r["shape"] = c.name;
+      r["dims"] = c.dims;
+      if (pt.custom) {
+        const Shape& s = pt.shape;
+        r["B"] = s.B, r["H"] = s.H, r["Lq"] = s.Lq, r["Lk"] = s.Lk, r["D"] = s.D;
+        r["Hkv"] = s.Hkv, r["Dv"] = s.Dv, r["causal"] = s.causal;
+      }
+      if (!o.sweep.empty()) {
+        r["sweep"] = o.sweep;
+        r["value"] = pt.value;
+      }
+      r["threads"] = pt.threads;
+      r["target"] = target_name(active_target(ctxs[i].get()));
+      r["simd"] = simd_name(active_simd(ctxs[i].get()));
+      r["dtype"] = "f32";
+      r["repeat"] = o.repeat;
+      r["median_ms"] = ms[i][ms[i].size() / 2];
+      r["best_ms"] = ms[i].front();
+      rows.push_back({std::move(r), ms[i]});
+      rows.back().rec["flops"] = c.flops;
+      rows.back().rec["bytes"] = c.bytes;
+      rows.back().rec["memory_bound"] = c.memory_bound;
+    }
+  }
+  if (progress_shown) std::fprintf(stderr, "\r%60s\r", "");
+  probes.measure(variants, threads);
+
+  // Rates, proportions and (for a threads sweep) speed-up against 1 thread of the same case and
+  // variant.
+  std::vector<Json> recs;
+  for (Row& row : rows) {
+    Json& r = row.rec;
+    const int t = r["threads"].get<int>();
+    const double med = r["median_ms"].get<double>();
+    const double flops = r["flops"].get<double>(), bytes = r["bytes"].get<double>();
+    const bool mem = r["memory_bound"].get<bool>();
+    r.erase("flops");
+    r.erase("bytes");
+    r.erase("memory_bound");
+    // The probe of this row's variant: rows are emitted variant-minor, in the order of
+    // `variants`.
+    const std::size_t vi = static_cast<std::size_t>(&row - rows.data()) % variants.size();
+    const auto key = std::make_pair(static_cast<int>(variants[vi].cap), t);
+    const double gflops = flops / (med * 1e-3) * 1e-9;
+    const double gbps = bytes / (med * 1e-3) * 1e-9;
+    r["gflops"] = gflops;
+    r["gbps"] = gbps;
+    r["peak_gflops"] = probes.peak[key];
+    r["pct_peak"] = 100.0 * gflops / probes.peak[key];
+    r["tile_gflops"] = probes.tile[key];
+    r["read_gbps"] = probes.bw[key];
+    if (mem) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
+    if (o.sweep == "threads") {
+      double base_ms = 0;
+      for (const Row& other : rows) {
+        const Json& q = other.rec;
+        if (q["threads"].get<int>() == 1 && q["dims"] == r["dims"] && q["target"] == r["target"] &&
+            q["simd"] == r["simd"]) {
+          base_ms = q["median_ms"].get<double>();
         }
       }
-      for (std::size_t i = 0; i < providers.size(); ++i) {
-        std::sort(ms[i].begin(), ms[i].end());
-        rows.push_back({&c, t, ms[i][ms[i].size() / 2], target_name(active_target(ctxs[i].get())),
-                        simd_name(active_simd(ctxs[i].get()))});
-      }
+      const double sp = base_ms > 0 ? base_ms / med : 0.0;
+      const auto key1 = std::make_pair(static_cast<int>(variants[vi].cap), 1);
+      r["speedup"] = sp;
+      r["efficiency"] = sp / t;
+      r["fma_speedup"] = probes.peak.count(key1) ? probes.peak[key] / probes.peak[key1] : 0.0;
     }
-  }
-  probe();
-
-  if (!o.json) {
-    Context capped(1);
-    capped.set_max_target(cap);
-    std::printf("cpuattn bench: target %s, median of %d runs\n",
-                target_name(active_target(&capped)), o.repeat);
-    for (int t : o.threads) {
-      std::printf(
-          "machine peak, %d thread%s: %.0f GFLOP/s FMA (score micro-kernel on L1 data: %.0f, "
-          "%.0f%%)",
-          t, t > 1 ? "s" : "", peak[t], tile[t], 100.0 * tile[t] / peak[t]);
-      if (any_memory) std::printf(", %.1f GB/s read", bw[t]);
-      std::printf("\n");
-    }
-    std::printf("\n%-5s %-34s %-7s %7s %10s %9s %7s %8s %6s\n", "shape", "dims", "simd", "threads",
-                "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
+    r["machine"] = machine_json();
+    r["version"] = this_machine().version;
+    r["revision"] = this_machine().revision;
+    recs.push_back(r);
   }
 
-  for (const Row& row : rows) {
-    const Case& c = *row.c;
-    const int t = row.threads;
-    const double med = row.median_ms;
-    const double gflops = c.flops / (med * 1e-3) * 1e-9;
-    const double gbps = c.bytes / (med * 1e-3) * 1e-9;
-    const double pct = 100.0 * gflops / peak[t];
-    if (o.json) {
-      nlohmann::json j = {{"shape", c.name},      {"dims", c.dims},        {"threads", t},
-                          {"target", row.target}, {"simd", row.simd},      {"median_ms", med},
-                          {"gflops", gflops},     {"gbps", gbps},          {"peak_gflops", peak[t]},
-                          {"pct_peak", pct},      {"tile_gflops", tile[t]}};
-      if (any_memory) {
-        j["read_gbps"] = bw[t];
-        j["pct_bw"] = 100.0 * gbps / bw[t];
-      }
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("%-5s %-34s %-7s %7d %10.3f %9.1f %6.1f%% %8.1f",
-                  c.name.size() > 5 ? "-" : c.name.c_str(), c.dims.c_str(), row.simd.c_str(), t,
-                  med, gflops, pct, gbps);
-      if (c.memory_bound && bw.count(t)) std::printf(" %5.1f%%", 100.0 * gbps / bw[t]);
-      std::printf("\n");
+  std::string fmt = o.json ? "json" : o.csv ? "csv" : o.md ? "md" : "";
+  if (!o.out.empty()) {
+    if (fmt.empty()) {
+      const auto ends = [&](const char* e) {
+        const std::string ext(e);
+        return o.out.size() >= ext.size() &&
+               o.out.compare(o.out.size() - ext.size(), ext.size(), ext) == 0;
+      };
+      fmt = ends(".csv") ? "csv" : ends(".md") ? "md" : "json";
     }
-    std::fflush(stdout);
+    std::ofstream f(o.out);
+    f << format_records(recs, fmt);
+    if (!f) throw std::runtime_error("--out '" + o.out + "': cannot write the file");
+    print_table(o, recs, probes, variants, threads);
+  } else if (fmt.empty()) {
+    print_table(o, recs, probes, variants, threads);
+  } else {
+    std::fputs(format_records(recs, fmt).c_str(), stdout);
   }
+  std::fflush(stdout);
   return 0;
 }
 
@@ -335,37 +422,71 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA peak\n"
-      "(GB/s of K+V and % of read bandwidth for decode), next to the score micro-kernel alone on\n"
-      "L1 data (the ceiling of the kernel's arithmetic). The probes run before and after the\n"
-      "cases; the best reading of each is kept.\n"
+      "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA "
+      "peak,\n"
+      "GB/s and % of read bandwidth, next to the score micro-kernel alone on L1 data (the ceiling\n"
+      "of the kernel's arithmetic). The probes run before and after the cases; the best reading\n"
+      "of each is kept. Several targets and providers are timed in turns in one run.\n"
       "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
       "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128.\n"
       "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
       "B8 L512 d_model768 H12; M2 its decode step, B8, one new token against 4096 cached ones\n"
       "(GB/s counts weights + KV cache read).\n"
-      "Example: cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json\n"
-      "         cpuattn bench --shape P1 --simd highway,xsimd");
+      "Sweeps (--sweep): threads = strong scaling of each --shape (default P1) from 1 to the\n"
+      "machine's logical CPUs (or --threads), with speed-up, parallel efficiency and the FMA\n"
+      "probe's own speed-up (below the thread count when a core is shared); seq = Lq = Lk over\n"
+      "--values (default 128 ... 16384; a decode shape sweeps Lk) at the first --shape's B, H, D\n"
+      "(default P1); batch = B over --values (default 1 ... 64) at the first --shape (default "
+      "X1).\n"
+      "Every record carries the machine (CPU, cores, caches), target, provider, dtype, version\n"
+      "and git revision. --json prints JSON lines (what tools/plot_bench.py reads).\n"
+      "Examples:\n"
+      "  cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json\n"
+      "  cpuattn bench --shape P1 --simd highway,xsimd --target avx512,avx2\n"
+      "  cpuattn bench --sweep threads --shape P1 --out scaling.json\n"
+      "  cpuattn bench --sweep seq --shape P1 --causal --threads 2 --md");
   cmd->add_option("--shape", opts->shapes,
                   "Named shape or B,H,Lq,Lk,D[,Hkv[,Dv]] (repeatable; default: all named shapes)");
   cmd->add_flag("--causal", opts->causal, "Make every shape causal (top-left)");
   cmd->add_option("--threads", opts->threads, "Thread counts to measure, e.g. 1,2 (default 1,2)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--target", opts->target, "Cap the SIMD target: scalar, sse4, avx2, avx512, best")
+      ->check(CLI::PositiveNumber)
+      ->each([opts](const std::string&) { opts->threads_given = true; });
+  cmd->add_option("--target", opts->targets,
+                  "SIMD target caps to measure: scalar, sse4, avx2, avx512, best (comma list; "
+                  "default best)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
   cmd->add_option("--simd", opts->simd,
                   "SIMD providers to measure, e.g. highway,xsimd (default: CPUATTN_SIMD, else "
-                  "highway); several are timed in turns in one run")
+                  "highway)")
       ->delimiter(',')
       ->check(CLI::IsMember({"highway", "xsimd"}));
   cmd->add_option("--repeat", opts->repeat,
-                  "Timed runs per case; the median is reported (default 7)")
+                  "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
+      ->check(CLI::PositiveNumber)
+      ->each([opts](const std::string&) { opts->repeat_given = true; });
+  cmd->add_option("--sweep", opts->sweep, "threads, seq or batch (see above)")
+      ->check(CLI::IsMember({"threads", "seq", "batch"}));
+  cmd->add_option("--values", opts->values, "Values of a seq or batch sweep, e.g. 256,1024,4096")
+      ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--json", opts->json, "One JSON object per case instead of the table");
+  auto* j = cmd->add_flag("--json", opts->json, "JSON lines, one object per record");
+  auto* c = cmd->add_flag("--csv", opts->csv, "CSV with a header row");
+  auto* m = cmd->add_flag("--md", opts->md, "A Markdown table");
+  j->excludes(c, m);
+  c->excludes(m);
+  cmd->add_option("--out", opts->out,
+                  "Write the records to this file (format: --json/--csv/--md, else from the "
+                  "extension .csv/.md, else JSON lines); the table still goes to stdout");
   cmd->callback([opts, &exit_code] {
     try {
-      exit_code = run_bench(*opts);
+      Options o = *opts;
+      if (!o.repeat_given && !o.sweep.empty()) o.repeat = 3;
+      if (!o.values.empty() && o.sweep != "seq" && o.sweep != "batch") {
+        throw std::invalid_argument("--values needs --sweep seq or --sweep batch");
+      }
+      exit_code = run_bench(o);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cpuattn: %s\n", e.what());
       exit_code = 2;

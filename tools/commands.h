@@ -9,6 +9,7 @@ namespace cpuattn::cli {
 void add_run_command(CLI::App& app, int& exit_code);
 void add_mha_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_profile_command(CLI::App& app, int& exit_code);
 void add_examples_command(CLI::App& app, int& exit_code);
 void add_heatmap_command(CLI::App& app, int& exit_code);
 

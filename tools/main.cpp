@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
       "  cpuattn mha --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --wo wo.npy --heads 4 "
       "--causal --out out.npy\n"
       "  cpuattn bench --shape P1 --threads 1,2\n"
+      "  cpuattn bench --sweep threads --shape P1 --out scaling.json\n"
+      "  cpuattn profile --shape P1 --trace p1.json\n"
       "  cpuattn examples\n"
       "  cpuattn heatmap --weights w.npy --out heat.png",
       "cpuattn"};
@@ -24,6 +26,7 @@ int main(int argc, char** argv) {
   cpuattn::cli::add_run_command(app, exit_code);
   cpuattn::cli::add_mha_command(app, exit_code);
   cpuattn::cli::add_bench_command(app, exit_code);
+  cpuattn::cli::add_profile_command(app, exit_code);
   cpuattn::cli::add_examples_command(app, exit_code);
   cpuattn::cli::add_heatmap_command(app, exit_code);
   try {

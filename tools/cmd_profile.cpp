@@ -1,0 +1,263 @@
+// `cpuattn profile`: runs one case several times with the library's phase timers on, and says
+// where the time goes: per phase, per thread, against the machine's ceilings (FMA peak, the score
+// micro-kernel on L1 data, read bandwidth), with hardware counters when the kernel allows them.
+#include <tbb/task_arena.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cases.h"
+#include "commands.h"
+#include "counters.h"
+#include "cpuattn/cpuattn.h"
+#include "cpuattn/profile.h"
+#include "machine.h"
+#include "probes.h"
+
+namespace cpuattn::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct Options {
+  std::string shape = "P1";
+  bool causal = false;
+  int threads = 0;  // 0: the machine's logical CPUs
+  int repeat = 5;
+  std::string target = "best";
+  std::string simd;
+  std::string trace;
+  bool json = false;
+};
+
+int run_profile(const Options& o) {
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Case c = make_case(o.shape, o.causal);
+  // The case runs in this arena on a context that uses the caller's arena, so that the counters'
+  // observer sees every thread that runs it.
+  tbb::task_arena arena(threads);
+  ThreadCounters counters(arena);
+  Context ctx(0);
+  ctx.set_max_target(parse_target(o.target));
+  if (!o.simd.empty()) ctx.set_simd(parse_simd(o.simd));
+  const auto once = [&] { arena.execute([&] { c.run(ctx); }); };
+
+  Context probe_ctx(threads);
+  probe_ctx.set_max_target(ctx.max_target());
+  probe_ctx.set_simd(ctx.simd());
+  const double peak = measure_fma_peak_gflops(threads, &probe_ctx);
+  const double tile = measure_tile_gflops(threads, &probe_ctx);
+  const double bw = measure_read_bandwidth_gbps(threads, std::size_t{1} << 30, &probe_ctx);
+
+  once();  // warm-up: scratch, page faults, thread start
+  std::vector<CallProfile> calls;
+  {
+    ProfileSession session(/*spans=*/!o.trace.empty());
+    counters.enable();
+    for (int r = 0; r < o.repeat; ++r) once();
+    counters.disable();
+    calls = session.take();
+  }
+  if (calls.empty()) throw std::runtime_error("no call was recorded");
+  if (!o.trace.empty()) write_chrome_trace(calls, o.trace);
+
+  // The median call (by wall time) is the one described.
+  std::vector<std::size_t> order(calls.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return calls[a].wall_ms < calls[b].wall_ms; });
+  const CallProfile& m = calls[order[order.size() / 2]];
+  const double best_ms = calls[order.front()].wall_ms;
+  const double total = m.phase_total_ms();
+  const double capacity = m.wall_ms * m.threads;
+  const int slots = m.threads;
+  double busy_sum = 0, busy_max = 0;
+  for (int t = 0; t < slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t) {
+    busy_sum += m.thread_busy_ms[t];
+    busy_max = std::max(busy_max, m.thread_busy_ms[t]);
+  }
+  const double busy_mean = busy_sum / slots;
+  // Roofline: the time the work would take at each ceiling, against the measured time.
+  const double gflops = m.gflops();
+  const double t_fma = m.flops / (peak * 1e9) * 1e3;  // ms
+  const double t_mem = m.bytes / (bw * 1e9) * 1e3;
+  const double intensity = m.bytes > 0 ? m.flops / m.bytes : 0;
+  const double balance = peak / bw;
+  const bool compute_bound = t_fma >= t_mem;
+  const auto hw = counters.read();
+
+  Json j;
+  j["op"] = m.op;
+  j["shape"] = c.name;
+  j["dims"] = c.dims;
+  j["shapes"] = m.shapes;
+  j["mask"] = m.mask;
+  j["dtype"] = m.dtype;
+  j["target"] = target_name(m.target);
+  j["simd"] = simd_name(m.simd);
+  j["threads"] = m.threads;
+  j["tasks"] = m.tasks;
+  j["k_splits"] = m.k_splits;
+  j["repeat"] = o.repeat;
+  j["median_ms"] = m.wall_ms;
+  j["best_ms"] = best_ms;
+  j["gflops"] = gflops;
+  j["gbps"] = m.gbps();
+  Json ph = Json::object();
+  for (int p = 0; p < kNumPhases; ++p) {
+    if (m.phase_ms[p] <= 0) continue;
+    ph[phase_name(static_cast<Phase>(p))] = {{"ms", m.phase_ms[p]},
+                                             {"share", total > 0 ? m.phase_ms[p] / total : 0.0}};
+  }
+  j["phases"] = ph;
+  j["phase_total_ms"] = total;
+  j["wall_x_threads_ms"] = capacity;
+  j["thread_busy_ms"] = std::vector<double>(
+      m.thread_busy_ms.begin(),
+      m.thread_busy_ms.begin() + std::min<std::size_t>(slots, m.thread_busy_ms.size()));
+  j["imbalance"] = busy_mean > 0 ? busy_max / busy_mean : 0.0;
+  j["roofline"] = {{"fma_peak_gflops", peak},
+                   {"tile_gflops", tile},
+                   {"read_gbps", bw},
+                   {"pct_fma_peak", 100 * gflops / peak},
+                   {"pct_tile", 100 * gflops / tile},
+                   {"bytes", m.bytes},
+                   {"pct_read_bw", 100 * m.gbps() / bw},
+                   {"flop_per_byte", intensity},
+                   {"machine_balance", balance},
+                   {"bound", compute_bound ? "compute" : "memory"}};
+  Json cj = Json::object();
+  for (const auto& v : hw) cj[v.name] = v.value;
+  j["counters"] = cj;
+  if (!counters.hardware_unavailable().empty())
+    j["hardware_counters_unavailable"] = counters.hardware_unavailable();
+  const Machine& mach = this_machine();
+  j["machine"] = {{"cpu", mach.cpu},
+                  {"vendor", mach.vendor},
+                  {"logical_cpus", mach.logical_cpus},
+                  {"l1d_kib", mach.l1d_bytes / 1024},
+                  {"l2_kib", mach.l2_bytes / 1024},
+                  {"l3_kib", mach.l3_bytes / 1024}};
+  j["version"] = mach.version;
+  j["revision"] = mach.revision;
+  if (!o.trace.empty()) j["trace"] = o.trace;
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+
+  std::printf("cpuattn profile: %s %s (%s), mask %s, f32, target %s, simd %s, %d thread%s\n",
+              c.name.c_str(), c.dims.c_str(), m.op.c_str(), m.mask.c_str(), target_name(m.target),
+              simd_name(m.simd), m.threads, m.threads > 1 ? "s" : "");
+  std::printf("machine: %s, %d logical CPUs, L1d %lld KiB, L2 %lld KiB; cpuattn %s (%s)\n",
+              mach.cpu.c_str(), mach.logical_cpus, static_cast<long long>(mach.l1d_bytes / 1024),
+              static_cast<long long>(mach.l2_bytes / 1024), mach.version.c_str(),
+              mach.revision.c_str());
+  std::printf(
+      "%d calls: median %.3f ms (best %.3f), %.1f GFLOP/s; plan: %lld tasks, %lld key "
+      "split%s\n\n",
+      o.repeat, m.wall_ms, best_ms, gflops, static_cast<long long>(m.tasks),
+      static_cast<long long>(m.k_splits), m.k_splits > 1 ? "s" : "");
+  std::printf("Phases of the median call (thread time, summed over threads):\n");
+  std::printf("  %-10s %10s %7s\n", "phase", "ms", "share");
+  for (int p = 0; p < kNumPhases; ++p) {
+    if (m.phase_ms[p] <= 0) continue;
+    std::printf("  %-10s %10.3f %6.1f%%\n", phase_name(static_cast<Phase>(p)), m.phase_ms[p],
+                100 * m.phase_ms[p] / total);
+  }
+  std::printf(
+      "  %-10s %10.3f  = %.1f%% of wall x threads (%.3f ms); the rest is idle time,\n"
+      "  scheduling and the work outside tasks (validation, planning)\n\n",
+      "total", total, 100 * total / capacity, capacity);
+  std::printf("Threads: busy ms per thread:");
+  for (int t = 0; t < slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t)
+    std::printf(" %.3f", m.thread_busy_ms[t]);
+  std::printf("\n  imbalance (max / mean busy) %.3f; idle %.1f%% of wall x threads\n\n",
+              busy_mean > 0 ? busy_max / busy_mean : 0.0, 100 * (1 - busy_sum / capacity));
+  std::printf("Roofline (%d thread%s):\n", threads, threads > 1 ? "s" : "");
+  std::printf(
+      "  compute: %.1f GFLOP/s = %.1f%% of the FMA peak (%.1f), %.1f%% of the score\n"
+      "           micro-kernel on L1 data (%.1f, the kernel's arithmetic ceiling)\n",
+      gflops, 100 * gflops / peak, peak, 100 * gflops / tile, tile);
+  std::printf("  memory:  %.1f MB in + out once = %.2f GB/s, %.1f%% of the read bandwidth (%.1f)\n",
+              m.bytes * 1e-6, m.gbps(), 100 * m.gbps() / bw, bw);
+  std::printf(
+      "  %.1f flop/byte against a machine balance of %.1f: %s-bound; at the ceilings the\n"
+      "  work takes %.3f ms of FMAs and %.3f ms of memory traffic (measured %.3f)\n\n",
+      intensity, balance, compute_bound ? "compute" : "memory", t_fma, t_mem, m.wall_ms);
+  std::printf("Counters (all threads, the %d calls):\n", o.repeat);
+  if (!counters.hardware_unavailable().empty()) {
+    std::printf(
+        "  hardware counters are unavailable here (%s): the kernel or hypervisor\n"
+        "  exposes no PMU to this process, as in most VMs.\n",
+        counters.hardware_unavailable().c_str());
+  }
+  double cycles = 0, instr = 0;
+  for (const auto& v : hw) {
+    std::printf("  %-18s %.0f\n", v.name.c_str(), v.value);
+    if (v.name == "cycles") cycles = v.value;
+    if (v.name == "instructions") instr = v.value;
+  }
+  if (cycles > 0) std::printf("  %-18s %.2f\n", "IPC", instr / cycles);
+  if (hw.empty() && !counters.software_unavailable().empty()) {
+    std::printf("  software counters are unavailable too (%s)\n",
+                counters.software_unavailable().c_str());
+  }
+  if (!o.trace.empty()) {
+    std::printf("\nTrace of the %d calls: %s (open in ui.perfetto.dev or chrome://tracing)\n",
+                o.repeat, o.trace.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile",
+      "Run one case --repeat times with the library's phase timers on and report where the\n"
+      "median call's time goes: per phase (pack_q, pack_kv, mask, scores, softmax, pv, output,\n"
+      "merge; gemm for layers), per thread (busy time, imbalance), against the machine's\n"
+      "ceilings (FMA peak, the score micro-kernel on L1 data, read bandwidth: which one binds),\n"
+      "and hardware counters (cycles, instructions, IPC, cache misses) where perf_event_open\n"
+      "allows them. --trace writes a Chrome trace of the calls: one track per thread, one span\n"
+      "per call, task and phase (ui.perfetto.dev, chrome://tracing).\n"
+      "Examples:\n"
+      "  cpuattn profile --shape P1 --threads 2\n"
+      "  cpuattn profile --shape 1,8,4096,4096,64 --causal --trace p.json\n"
+      "  cpuattn profile --shape D2 --json");
+  cmd->add_option("--shape", opts->shape,
+                  "Named shape (S1, P1, P2, X1, D1, D2, L1, M1, M2) or B,H,Lq,Lk,D[,Hkv[,Dv]] "
+                  "(default P1)");
+  cmd->add_flag("--causal", opts->causal, "Make the shape causal (top-left)");
+  cmd->add_option("--threads", opts->threads, "Threads (default: the machine's logical CPUs)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", opts->repeat, "Profiled calls after one warm-up (default 5)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--target", opts->target, "Cap the SIMD target: scalar, sse4, avx2, avx512, best")
+      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
+  cmd->add_option("--simd", opts->simd, "SIMD provider: highway or xsimd (default: CPUATTN_SIMD)")
+      ->check(CLI::IsMember({"highway", "xsimd"}));
+  cmd->add_option("--trace", opts->trace, "Write a Chrome trace-event JSON file of the calls");
+  cmd->add_flag("--json", opts->json, "One JSON object instead of the report");
+  cmd->callback([opts, &exit_code] {
+    try {
+      exit_code = run_profile(*opts);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cpuattn: %s\n", e.what());
+      exit_code = 2;
+    }
+  });
+}
+
+}  // namespace cpuattn::cli
