@@ -51,10 +51,23 @@ def load(paths):
 def series(records, skip=()):
     """Groups records by the series keys that vary among them; returns {label: [records]}."""
     keys = [k for k in SERIES_KEYS if k not in skip and len({str(r.get(k)) for r in records}) > 1]
+    # The file names only matter when nothing else tells the series apart.
+    others = [k for k in keys if k != "file"]
+    if "file" in keys and others and len({tuple(str(r.get(k)) for k in others)
+                                          for r in records}) == len(
+            {tuple(str(r.get(k)) for k in keys) for r in records}):
+        keys = others
+
+    def part(r, k):
+        if k == "causal":
+            return "causal" if r.get(k) else "not causal"
+        if k in ("file", "shape", "simd", "dtype", "target"):
+            return str(r.get(k))
+        return f"{k} {r.get(k)}"
+
     groups = OrderedDict()
     for r in records:
-        label = ", ".join(f"{r.get(k)}" if k in ("file", "shape", "simd", "dtype", "target")
-                          else f"{k} {r.get(k)}" for k in keys) or r.get("shape", "")
+        label = ", ".join(part(r, k) for k in keys) or r.get("shape", "")
         groups.setdefault(label, []).append(r)
     return groups
 
