@@ -128,16 +128,6 @@ struct Probes {
   }
 };
 
-Json machine_json() {
-  const Machine& m = this_machine();
-  return Json{{"cpu", m.cpu},
-              {"vendor", m.vendor},
-              {"logical_cpus", m.logical_cpus},
-              {"l1d_kib", m.l1d_bytes / 1024},
-              {"l2_kib", m.l2_bytes / 1024},
-              {"l3_kib", m.l3_bytes / 1024}};
-}
-
 std::string cell(const Json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number_float()) {

@@ -148,12 +148,7 @@ int run_profile(const Options& o) {
   if (!counters.hardware_unavailable().empty())
     j["hardware_counters_unavailable"] = counters.hardware_unavailable();
   const Machine& mach = this_machine();
-  j["machine"] = {{"cpu", mach.cpu},
-                  {"vendor", mach.vendor},
-                  {"logical_cpus", mach.logical_cpus},
-                  {"l1d_kib", mach.l1d_bytes / 1024},
-                  {"l2_kib", mach.l2_bytes / 1024},
-                  {"l3_kib", mach.l3_bytes / 1024}};
+  j["machine"] = machine_json();
   j["version"] = mach.version;
   j["revision"] = mach.revision;
   if (!o.trace.empty()) j["trace"] = o.trace;

@@ -68,20 +68,15 @@ void ThreadCounters::on_scheduler_entry(bool) {
   fds_.push_back(std::move(fds));
 }
 
-void ThreadCounters::enable() {
-  const std::lock_guard<std::mutex> lock(mu_);
-  enabled_ = true;
-  for (const auto& t : fds_)
-    for (int fd : t)
-      if (fd >= 0) ::ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
-}
+void ThreadCounters::enable() { set_enabled(true); }
+void ThreadCounters::disable() { set_enabled(false); }
 
-void ThreadCounters::disable() {
+void ThreadCounters::set_enabled(bool on) {
   const std::lock_guard<std::mutex> lock(mu_);
-  enabled_ = false;
+  enabled_ = on;
   for (const auto& t : fds_)
     for (int fd : t)
-      if (fd >= 0) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      if (fd >= 0) ::ioctl(fd, on ? PERF_EVENT_IOC_ENABLE : PERF_EVENT_IOC_DISABLE, 0);
 }
 
 std::vector<ThreadCounters::Value> ThreadCounters::read() const {

@@ -40,6 +40,7 @@ class ThreadCounters : public tbb::task_scheduler_observer {
     std::uint32_t type;
     std::uint64_t config;
   };
+  void set_enabled(bool on);
   std::vector<Event> events_;
   mutable std::mutex mu_;
   std::vector<std::vector<int>> fds_;  // per thread, per event (-1: failed)

@@ -50,4 +50,14 @@ const Machine& this_machine() {
   return m;
 }
 
+nlohmann::ordered_json machine_json() {
+  const Machine& m = this_machine();
+  return {{"cpu", m.cpu},
+          {"vendor", m.vendor},
+          {"logical_cpus", m.logical_cpus},
+          {"l1d_kib", m.l1d_bytes / 1024},
+          {"l2_kib", m.l2_bytes / 1024},
+          {"l3_kib", m.l3_bytes / 1024}};
+}
+
 }  // namespace cpuattn::cli

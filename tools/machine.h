@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace cpuattn::cli {
@@ -15,5 +16,8 @@ struct Machine {
 };
 
 const Machine& this_machine();
+// The "machine" object of a benchmark or profile record: cpu, vendor, logical_cpus, l1d_kib,
+// l2_kib, l3_kib.
+nlohmann::ordered_json machine_json();
 
 }  // namespace cpuattn::cli
