@@ -6,8 +6,9 @@
 Each IN file holds JSON lines (one record per line). Per kind of record, one row of charts:
   --sweep seq      GFLOP/s and % of FMA peak against sequence length (log scale)
   --sweep batch    GFLOP/s and % of FMA peak against batch size
-  --sweep threads  speed-up against threads with the ideal line, and the FMA probe's own speed-up
-                   (below the ideal line when a core is shared); parallel efficiency beside it
+  --sweep threads  speed-up against threads with the ideal line, and the FMA probe's speed-up
+                   around each point, dotted (below the ideal line when a core was shared while
+                   that point ran); parallel efficiency beside it
   no sweep         GFLOP/s per shape, as bars
 One series per input file, shape, provider, dtype, target, threads or version, whichever of
 these differ between the records (the legend names only what differs).
@@ -98,16 +99,17 @@ def plot_rate(ax_rate, ax_pct, recs, xlabel, logx):
 def plot_threads(ax_sp, ax_eff, recs):
     top = max(r["threads"] for r in recs)
     ax_sp.plot([1, top], [1, top], "k--", linewidth=1, label="ideal")
-    fma = OrderedDict()
+    ts = sorted({r["threads"] for r in recs})
     for label, rs in series(recs, skip=("threads",)).items():
         rs = sorted(rs, key=lambda r: r["threads"])
-        ts = [r["threads"] for r in rs]
-        ax_sp.plot(ts, [r["speedup"] for r in rs], marker="o", label=label)
-        ax_eff.plot(ts, [100 * r["efficiency"] for r in rs], marker="o", label=label)
-        for r in rs:
-            fma.setdefault(r["threads"], r.get("fma_speedup", 0))
-    ts = sorted(fma)
-    ax_sp.plot(ts, [fma[t] for t in ts], ":", color="grey", marker="x", label="FMA probe")
+        xs = [r["threads"] for r in rs]
+        line, = ax_sp.plot(xs, [r["speedup"] for r in rs], marker="o", label=label)
+        ax_eff.plot(xs, [100 * r["efficiency"] for r in rs], marker="o", label=label)
+        # The FMA probe run around each point: dotted, in the series' colour. It falls below the
+        # ideal line where a neighbour shared a core while that point ran.
+        ax_sp.plot(xs, [r.get("fma_speedup", 0) for r in rs], ":", color=line.get_color(),
+                   marker="x")
+    ax_sp.plot([], [], ":", color="grey", marker="x", label="FMA probe at that point")
     ax_sp.set_xlabel("threads")
     ax_sp.set_ylabel("speed-up over 1 thread")
     ax_eff.set_xlabel("threads")
