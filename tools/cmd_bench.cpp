@@ -270,9 +270,13 @@ int run_bench(const Options& o) {
   Probes probes;
   probes.measure(variants, threads);
 
+  // A measured (point, variant): its record so far, the work that makes its rates, and the
+  // target cap whose probes put it in proportion.
   struct Row {
     Json rec;
-    std::vector<double> ms;
+    double flops, bytes;
+    bool memory_bound;
+    Target cap;
   };
   std::vector<Row> rows;
   const auto start = std::chrono::steady_clock::now();
@@ -338,10 +342,7 @@ int run_bench(const Options& o) {
       r["median_ms"] = ms[i][ms[i].size() / 2];
       r["best_ms"] = ms[i].front();
       if (point_probe) r["point_fma_gflops"] = point_fma;
-      rows.push_back({std::move(r), ms[i]});
-      rows.back().rec["flops"] = c.flops;
-      rows.back().rec["bytes"] = c.bytes;
-      rows.back().rec["memory_bound"] = c.memory_bound;
+      rows.push_back({std::move(r), c.flops, c.bytes, c.memory_bound, variants[i].cap});
     }
   }
   if (progress_shown) std::fprintf(stderr, "\r%60s\r", "");
@@ -354,24 +355,16 @@ int run_bench(const Options& o) {
     Json& r = row.rec;
     const int t = r["threads"].get<int>();
     const double med = r["median_ms"].get<double>();
-    const double flops = r["flops"].get<double>(), bytes = r["bytes"].get<double>();
-    const bool mem = r["memory_bound"].get<bool>();
-    r.erase("flops");
-    r.erase("bytes");
-    r.erase("memory_bound");
-    // The probe of this row's variant: rows are emitted variant-minor, in the order of
-    // `variants`.
-    const std::size_t vi = static_cast<std::size_t>(&row - rows.data()) % variants.size();
-    const auto key = std::make_pair(static_cast<int>(variants[vi].cap), t);
-    const double gflops = flops / (med * 1e-3) * 1e-9;
-    const double gbps = bytes / (med * 1e-3) * 1e-9;
+    const auto key = std::make_pair(static_cast<int>(row.cap), t);
+    const double gflops = row.flops / (med * 1e-3) * 1e-9;
+    const double gbps = row.bytes / (med * 1e-3) * 1e-9;
     r["gflops"] = gflops;
     r["gbps"] = gbps;
     r["peak_gflops"] = probes.peak[key];
     r["pct_peak"] = 100.0 * gflops / probes.peak[key];
     r["tile_gflops"] = probes.tile[key];
     r["read_gbps"] = probes.bw[key];
-    if (mem) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
+    if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
     if (o.sweep == "threads") {
       double base_ms = 0;
       for (const Row& other : rows) {
@@ -382,7 +375,7 @@ int run_bench(const Options& o) {
         }
       }
       const double sp = base_ms > 0 ? base_ms / med : 0.0;
-      const auto key1 = std::make_pair(static_cast<int>(variants[vi].cap), 1);
+      const auto key1 = std::make_pair(static_cast<int>(row.cap), 1);
       r["speedup"] = sp;
       r["efficiency"] = sp / t;
       // This point's FMA probe against the run's best 1-thread reading: below the thread count

@@ -87,7 +87,7 @@ struct CallProfile {
   std::vector<double> thread_busy_ms;         // per thread slot: time inside tasks
   std::vector<TaskSpan> task_spans;           // with spans on (trace, ProfileSession(true))
   std::vector<PhaseSpan> phase_spans;
-  std::int64_t dropped_spans = 0;  // spans not kept (a call keeps at most 2^20)
+  std::int64_t dropped_spans = 0;  // spans not kept (2^16 per thread slot per call at most)
 
   double gflops() const { return wall_ms > 0 ? flops / (wall_ms * 1e6) : 0.0; }
   double gbps() const { return wall_ms > 0 ? bytes / (wall_ms * 1e6) : 0.0; }

@@ -82,7 +82,7 @@ void run_attention(const Problem& p, Context& ctx) {
     Recorder* rec = current_recorder();
     if (rec != nullptr) note_work(p, *rec);
     ContextAccess::impl(ctx).run([&] {
-      const TaskTimer timer(rec, 0, static_cast<int>(Phase::reference));
+      const TaskTimer timer(rec, 0, Phase::reference);
       run_reference(p);
     });
     return;

@@ -134,8 +134,8 @@ CallScope::CallScope(const char* op) {
   Global& g = global();
   const unsigned mode = g.mode.load(std::memory_order_relaxed);
   if (mode == 0 || current_recorder() != nullptr) return;
-  rec_ = std::make_unique<Recorder>((mode & kPhases) != 0, (mode & kSpans) != 0);
   profile_ = std::make_unique<CallProfile>();
+  rec_ = std::make_unique<Recorder>(*profile_, (mode & kPhases) != 0, (mode & kSpans) != 0);
   profile_->op = op;
   profile_->dtype = "f32";
   profile_->mask = "none";
@@ -158,10 +158,6 @@ void CallScope::finish(Context& ctx) {
   r.simd = ch.provider;
   Context::Impl& c = ContextAccess::impl(ctx);
   r.threads = c.arena ? c.arena->max_concurrency() : tbb::this_task_arena::max_concurrency();
-  r.tasks = rec_->tasks();
-  r.k_splits = rec_->k_splits();
-  r.flops = rec_->flops();
-  r.bytes = rec_->bytes();
   if (rec_->phases()) {
     // Ticks to ns: over the process's life once that is long (accurate to a few ppm), else over
     // this call.
@@ -172,7 +168,7 @@ void CallScope::finish(Context& ctx) {
     } else if (t1 > t0_ && ns1 > ns0_) {
       ns_per_tick = static_cast<double>(ns1 - ns0_) / static_cast<double>(t1 - t0_);
     }
-    rec_->summarize(r, t0_, ns_per_tick);
+    rec_->summarize(t0_, ns_per_tick);
   }
   rec_.reset();
   emit(g, std::move(r));

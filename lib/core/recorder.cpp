@@ -10,8 +10,9 @@ namespace cpuattn::detail {
 
 namespace {
 thread_local Recorder* t_current = nullptr;
-// Spans a call keeps in all (2^20 * 32 bytes = 32 MiB at most), split among the slots in use.
-constexpr std::size_t kMaxSpansPerSlot = (std::size_t{1} << 20) / 16;
+// Spans one thread slot keeps per call (2^16 * 32 bytes = 2 MiB): a P1 call at 2 threads makes
+// about 21,000 per slot.
+constexpr std::size_t kMaxSpansPerSlot = std::size_t{1} << 16;
 std::mutex g_slot_mutex;
 }  // namespace
 
@@ -47,7 +48,8 @@ void ThreadLog::task(std::int64_t t, std::uint64_t begin, std::uint64_t end) {
   if (max_spans_ != 0) keep({begin, end, t, -1});
 }
 
-Recorder::Recorder(bool phases, bool spans) : phases_(phases), spans_(spans) {}
+Recorder::Recorder(CallProfile& out, bool phases, bool spans)
+    : out_(out), phases_(phases), spans_(spans) {}
 
 Recorder::~Recorder() {
   for (auto& s : slots_) delete s.load(std::memory_order_relaxed);
@@ -71,7 +73,8 @@ ThreadLog* Recorder::log() {
   return l;
 }
 
-void Recorder::summarize(CallProfile& out, std::uint64_t t0, double ns_per_tick) const {
+void Recorder::summarize(std::uint64_t t0, double ns_per_tick) {
+  CallProfile& out = out_;
   const auto ms = [&](std::uint64_t t) { return static_cast<double>(t) * ns_per_tick * 1e-6; };
   const auto us = [&](std::uint64_t t) {
     return out.start_us + (static_cast<double>(t) - static_cast<double>(t0)) * ns_per_tick * 1e-3;

@@ -90,33 +90,29 @@ class PhaseClock {
 // The record of the outermost library call running on the calling thread.
 class Recorder {
  public:
-  // phases: the drivers and kernels time tasks and phases; spans: they keep every interval too.
-  Recorder(bool phases, bool spans);
+  // Drivers add the call's work and plan to `out`; with `phases` they and the kernels time tasks
+  // and phases, and with `spans` keep every interval too (summarize() adds those to `out`).
+  Recorder(CallProfile& out, bool phases, bool spans);
   ~Recorder();
   // The log of the calling thread's slot in its current arena; null when phases are off (and
   // past kMaxSlots slots).
   ThreadLog* log();
   void add_work(double flops, double bytes) {
-    flops_ += flops;
-    bytes_ += bytes;
+    out_.flops += flops;
+    out_.bytes += bytes;
   }
-  void add_tasks(std::int64_t n) { tasks_ += n; }
-  void set_k_splits(std::int64_t k) { k_splits_ = k > k_splits_ ? k : k_splits_; }
+  void add_tasks(std::int64_t n) { out_.tasks += n; }
+  void set_k_splits(std::int64_t k) { out_.k_splits = k > out_.k_splits ? k : out_.k_splits; }
 
   static constexpr int kMaxSlots = 256;
-  // Adds up the slots' logs into `out` (phase_ms, thread_busy_ms, spans), converting ticks with
-  // the given rate and origin (ticks t0 is start_us on the trace clock).
-  void summarize(CallProfile& out, std::uint64_t t0, double ns_per_tick) const;
-  double flops() const { return flops_; }
-  double bytes() const { return bytes_; }
-  std::int64_t tasks() const { return tasks_; }
-  std::int64_t k_splits() const { return k_splits_; }
+  // Adds up the slots' logs into the record (phase_ms, thread_busy_ms, spans), converting ticks
+  // with the given rate and origin (ticks t0 is the record's start_us on the trace clock).
+  void summarize(std::uint64_t t0, double ns_per_tick);
   bool phases() const { return phases_; }
 
  private:
+  CallProfile& out_;
   bool phases_, spans_;
-  double flops_ = 0, bytes_ = 0;
-  std::int64_t tasks_ = 0, k_splits_ = 1;
   std::array<std::atomic<ThreadLog*>, kMaxSlots> slots_{};
 };
 
@@ -127,10 +123,9 @@ Recorder* current_recorder();
 // is charged to it (drivers whose kernels have no phase clock of their own).
 class TaskTimer {
  public:
-  CPUATTN_ALWAYS_INLINE TaskTimer(Recorder* rec, std::int64_t task, int phase = -1)
-      : log_(kInstrumented && rec != nullptr ? rec->log() : nullptr), task_(task), phase_(phase) {
-    if (log_ != nullptr) t0_ = ticks();
-  }
+  CPUATTN_ALWAYS_INLINE TaskTimer(Recorder* rec, std::int64_t task) : TaskTimer(rec, task, -1) {}
+  CPUATTN_ALWAYS_INLINE TaskTimer(Recorder* rec, std::int64_t task, Phase whole)
+      : TaskTimer(rec, task, static_cast<int>(whole)) {}
   CPUATTN_ALWAYS_INLINE ~TaskTimer() {
     if (log_ != nullptr) {
       const std::uint64_t t1 = ticks();
@@ -143,6 +138,10 @@ class TaskTimer {
   ThreadLog* log() const { return log_; }
 
  private:
+  CPUATTN_ALWAYS_INLINE TaskTimer(Recorder* rec, std::int64_t task, int phase)
+      : log_(kInstrumented && rec != nullptr ? rec->log() : nullptr), task_(task), phase_(phase) {
+    if (log_ != nullptr) t0_ = ticks();
+  }
   ThreadLog* log_;
   std::int64_t task_;
   int phase_;

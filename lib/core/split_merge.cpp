@@ -19,7 +19,7 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
   tbb::parallel_for(
       tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 64),
       [&](const tbb::blocked_range<std::int64_t>& range) {
-        const TaskTimer timer(rec, range.begin() / 64, static_cast<int>(Phase::merge));
+        const TaskTimer timer(rec, range.begin() / 64, Phase::merge);
         for (std::int64_t row = range.begin(); row < range.end(); ++row) {
           const std::int64_t i = row % p.Lq, h = (row / p.Lq) % p.H, b = row / (p.Lq * p.H);
           RowState st{neg_inf, 0.0f};

@@ -196,7 +196,7 @@ void AdditiveAttention::forward(const TensorView& h, const TensorView& s, const 
                         detail::Scratch& sc = ci.task_scratch.local();
                         const Context::Impl::Lease lease{ci, sc};
                         for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-                          const detail::TaskTimer timer(rec, t, static_cast<int>(Phase::additive));
+                          const detail::TaskTimer timer(rec, t, Phase::additive);
                           ak.task(a, t, sc);
                         }
                       });

@@ -49,7 +49,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
           Scratch& s = c.task_scratch.local();
           const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-            const TaskTimer timer(rec, t, static_cast<int>(Phase::gemm));
+            const TaskTimer timer(rec, t, Phase::gemm);
             gk.task(g, t, s);
           }
         },

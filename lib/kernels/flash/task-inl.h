@@ -166,23 +166,23 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         clock.lap(Phase::scores);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
         clock.lap(Phase::mask);
-      }
-      for (std::int64_t c0 = 0; c0 < (stream ? 0 : ncols); c0 += W) {
-        const float* panel = kp + (c0 / W) * g.D * W;
-        const bool masked = c0 + W > clean;
-        for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
-          const int R = std::min(O::kScoreRows, rows - r0);
-          if (masked) {
-            ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                               static_cast<std::int32_t>(c0), rm + r0, mi);
-          } else {
-            ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                                static_cast<std::int32_t>(c0), rm + r0, mi);
+      } else {
+        for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+          const float* panel = kp + (c0 / W) * g.D * W;
+          const bool masked = c0 + W > clean;
+          for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+            const int R = std::min(O::kScoreRows, rows - r0);
+            if (masked) {
+              ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                 static_cast<std::int32_t>(c0), rm + r0, mi);
+            } else {
+              ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                  static_cast<std::int32_t>(c0), rm + r0, mi);
+            }
           }
         }
+        clock.lap(Phase::scores);
       }
-
-      clock.lap(Phase::scores);
 
       // 2. Online softmax: fold the block into each row's running state.
       for (int r = 0; r < rows; ++r)
