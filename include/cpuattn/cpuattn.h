@@ -47,9 +47,10 @@ class Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Element types. Q/K/V/out are f32 today; the enum leaves room for bf16/f16 inputs.
-// boolean is one byte per element (0 = false, anything else = true); i32/i64 are for lengths.
-enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64 };
+// Element types. Q, K, V and out may be f32, bf16 or f16 (K and V also i8, with scales); see
+// attention() for the combinations. boolean is one byte per element (0 = false, anything else =
+// true); i32/i64 are for lengths. bf16 and f16 are stored as their 16-bit patterns.
+enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64, i8 };
 
 const char* dtype_name(DType dtype);
 
@@ -66,10 +67,23 @@ constexpr std::size_t dtype_size(DType dtype) {
     case DType::f16:
       return 2;
     case DType::boolean:
+    case DType::i8:
       return 1;
   }
   return 0;
 }
+
+// Conversions as the library performs them: f32 -> bf16 and f32 -> f16 round to nearest even
+// (f16 overflows to inf; NaN stays NaN); bf16/f16 -> f32 are exact.
+std::uint16_t to_bf16(float x);
+float from_bf16(std::uint16_t bits);
+std::uint16_t to_f16(float x);
+float from_f16(std::uint16_t bits);
+// Symmetric int8 quantization of one row of n values (one token of one K/V head, as KvCache
+// stores it): scale = max|x| / 127 (0 for a row of zeros), q[i] = round-half-even(x[i] / scale);
+// the value computed with is float(q[i]) * scale. Returns the scale. Throws Error (writing
+// nothing) when a value is NaN or infinite, which int8 cannot hold.
+float quantize_int8(const float* x, std::int64_t n, std::int8_t* q);
 
 inline constexpr int kMaxRank = 4;
 
@@ -172,17 +186,25 @@ struct AttentionOptions {
   std::optional<TensorView> mask;
   // i32 or i64, shape [B], every value in [0, Lk].
   std::optional<TensorView> key_lengths;
+  // Required when K (resp. V) is i8, and only then: f32 [B, Hkv, Lk], one scale per token of
+  // each K/V head. The value computed with is float(k) * scale (rounded to f32): symmetric int8
+  // as KvCache stores it.
+  std::optional<TensorView> k_scales;
+  std::optional<TensorView> v_scales;
   // Optional outputs: f32 log-sum-exp of each row's (scaled, masked) scores [B, H, Lq], and the
   // attention weights [B, H, Lq, Lk] (what people plot as a heatmap).
   std::optional<OutputView> lse;
   std::optional<OutputView> weights;
 };
 
-// Instruction sets the fast path can be capped to. `best` means no cap.
-enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, best };
+// Instruction sets the fast path can be capped to. `best` means no cap. avx512_bf16 is AVX-512
+// with the AVX512-BF16 dot product (vdpbf16ps): f32 calls run the avx512 kernels there, calls with
+// bf16 Q and K/V run the native bf16 kernel. A cap of avx512 keeps AVX-512 but makes bf16 calls
+// take the portable path (convert to f32 while packing), so that path is testable on any CPU.
+enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, avx512_bf16, best };
 
 const char* target_name(Target target);
-// Parses "scalar", "sse4", "avx2", "avx512" or "best"; throws Error otherwise.
+// Parses "scalar", "sse4", "avx2", "avx512", "avx512_bf16" or "best"; throws Error otherwise.
 Target parse_target(const std::string& name);
 
 // The portable SIMD library the kernels are compiled with. Both run the same kernels (same
@@ -248,10 +270,15 @@ class Context {
 // CPUATTN_TARGET. Lives until the process exits.
 Context& default_context();
 
-// The fused fast path: f32 in, f32 out. Deterministic: the result does not depend on the
-// number of threads. When opts.weights is requested, the call runs reference_attention()
-// instead (the [B, H, Lq, Lk] weights defeat fusion anyway): out, lse and weights then come from
-// double precision, at the reference's speed and with its O(Lq * Lk) work per head.
+// The fused fast path. Deterministic: the result does not depend on the number of threads.
+// Dtypes: Q f32, bf16 or f16; K and V the same dtype, f32, bf16, f16 or i8 (with k_scales and
+// v_scales); out f32, bf16 or f16 (rounded to nearest even); lse f32. Inputs are converted once,
+// while a tile is packed; scores, softmax and accumulation are f32. With bf16 Q, K and V on a
+// CPU with AVX512-BF16 (target avx512_bf16), Q K^T and P V run on vdpbf16ps, with P rounded to
+// bf16; the error bounds of each path are in the README ("Reduced precision"). When opts.weights is
+// requested, the call runs reference_attention() instead (the [B, H, Lq, Lk] weights defeat fusion
+// anyway): out, lse and weights then come from double precision, at the reference's speed and with
+// its O(Lq * Lk) work per head.
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
                const AttentionOptions& opts = {}, Context* context = nullptr);
 
@@ -262,6 +289,9 @@ void reference_attention(const TensorView& q, const TensorView& k, const TensorV
 
 // The SIMD target the fast path would run on with `context` (or the default context).
 Target active_target(const Context* context = nullptr);
+// How a call with bf16 Q, K and V would compute its products: "avx512_bf16" (vdpbf16ps) or
+// "f32" (converted to f32 while packing, then the f32 kernels of active_target()).
+const char* active_bf16_path(const Context* context = nullptr);
 // The SIMD provider it would run with (see Simd: xsimd falls back to highway below SSE4).
 Simd active_simd(const Context* context = nullptr);
 // The targets this CPU and this build support, best first.

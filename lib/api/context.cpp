@@ -14,7 +14,7 @@ namespace cpuattn {
 namespace {
 
 // The names of an enum's values, in order, and the parsing every name-taking option shares.
-constexpr const char* kTargetNames[] = {"scalar", "sse4", "avx2", "avx512", "best"};
+constexpr const char* kTargetNames[] = {"scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best"};
 constexpr const char* kSimdNames[] = {"highway", "xsimd"};
 
 template <class E, std::size_t N>
@@ -67,7 +67,7 @@ void Context::set_max_target(Target target) {
   // Found by fuzz_validate: a value outside the enum indexed the dispatch table out of bounds.
   if (static_cast<unsigned>(target) > static_cast<unsigned>(Target::best)) {
     throw Error("cpuattn: set_max_target: " + std::to_string(static_cast<int>(target)) +
-                " is not a Target (scalar, sse4, avx2, avx512 or best)");
+                " is not a Target (scalar, sse4, avx2, avx512, avx512_bf16 or best)");
   }
   impl_->max_target.store(target);
 }
@@ -124,13 +124,17 @@ Context& default_context() {
 }
 
 Target active_target(const Context* context) { return detail::choose(context).target; }
+const char* active_bf16_path(const Context* context) {
+  return detail::choose(context).target == Target::avx512_bf16 ? "avx512_bf16" : "f32";
+}
 
 Simd active_simd(const Context* context) { return detail::choose(context).provider; }
 
 std::string supported_targets() {
   std::string s;
   Target last = Target::best;
-  for (Target cap : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+  for (Target cap :
+       {Target::avx512_bf16, Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
     const Target t = detail::choose(cap, Simd::highway).target;
     if (t == last) continue;
     if (!s.empty()) s += ",";

@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "api/checks.h"
+#include "core/dtypes.h"
 #include "core/problem.h"
 
 namespace cpuattn {
@@ -31,6 +33,8 @@ const char* dtype_name(DType dtype) {
       return "int32";
     case DType::i64:
       return "int64";
+    case DType::i8:
+      return "int8";
   }
   return "unknown";
 }
@@ -114,6 +118,55 @@ void check_dtype(const char* name, const TensorView& t, bool allow_f64) {
        (allow_f64 ? "; expected float32 or float64" : "; expected float32"));
 }
 
+// Q, K, V and out: f32, bf16 or f16 (K and V also int8; the reference also f64), with the data
+// pointer aligned to the element size (a float at an odd address is undefined behaviour).
+void check_float_dtype(const char* name, const TensorView& t, bool allow_f64, bool allow_i8) {
+  const DType d = t.dtype;
+  const bool ok = d == DType::f32 || d == DType::bf16 || d == DType::f16 ||
+                  (allow_i8 && d == DType::i8) || (allow_f64 && d == DType::f64);
+  if (!ok) {
+    fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(d) +
+         "; expected float32, bfloat16" + (allow_i8 ? ", float16 or int8" : " or float16") +
+         (allow_f64 ? " (or float64 for the reference)" : ""));
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(d) != 0) {
+    fail(std::string(name) + " " + shape_str(t) + ": data is not aligned to its " +
+         std::to_string(dtype_size(d)) + "-byte " + dtype_name(d) + " elements");
+  }
+}
+
+// The per-token scales of an int8 K or V: f32 [B, Hkv, Lk], required exactly when the tensor is
+// int8.
+void check_scales(const char* name, const char* tensor, const TensorView& t,
+                  const std::optional<TensorView>& scales, const Problem& p, const float*& data,
+                  std::int64_t (&strides)[3]) {
+  if (t.dtype != DType::i8) {
+    if (scales) {
+      fail(std::string(name) + " is given but " + tensor + " has dtype " + dtype_name(t.dtype) +
+           " (scales are for int8 only)");
+    }
+    return;
+  }
+  if (!scales) {
+    fail(std::string(tensor) + " " + shape_str(t) + " is int8 but " + name +
+         " is missing (f32 [B,Hkv,Lk] = [" + std::to_string(p.B) + "," + std::to_string(p.Hkv) +
+         "," + std::to_string(p.Lk) + "])");
+  }
+  check_view(name, *scales, 3, 3);
+  if (scales->dtype != DType::f32)
+    fail(std::string(name) + " " + shape_str(*scales) + " has dtype " + dtype_name(scales->dtype) +
+         "; expected float32");
+  if (reinterpret_cast<std::uintptr_t>(scales->data) % 4 != 0)
+    fail(std::string(name) + ": data is not aligned to its 4-byte float32 elements");
+  if (scales->shape[0] != p.B || scales->shape[1] != p.Hkv || scales->shape[2] != p.Lk) {
+    fail(std::string(name) + " has shape " + shape_str(*scales) + "; expected [B,Hkv,Lk] = [" +
+         std::to_string(p.B) + "," + std::to_string(p.Hkv) + "," + std::to_string(p.Lk) + "]");
+  }
+  extent_of(name, *scales);
+  data = static_cast<const float*>(scales->data);
+  for (int d = 0; d < 3; ++d) strides[d] = scales->strides[d];
+}
+
 // Outputs must not write one element twice: with the dimensions of size > 1 sorted by stride,
 // each stride must step over the whole extent of the dimensions inside it.
 void check_no_self_overlap(const char* name, const TensorView& t) {
@@ -165,10 +218,15 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   check_view("K", k, 4, 4);
   check_view("V", v, 4, 4);
   check_view("out", out, 4, 4);
-  check_dtype("Q", q, allow_f64);
-  check_dtype("K", k, allow_f64);
-  check_dtype("V", v, allow_f64);
-  check_dtype("out", out, allow_f64);
+  check_float_dtype("Q", q, allow_f64, false);
+  check_float_dtype("K", k, allow_f64, true);
+  check_float_dtype("V", v, allow_f64, true);
+  check_float_dtype("out", out, allow_f64, false);
+  if (k.dtype != v.dtype) {
+    fail("K has dtype " + std::string(dtype_name(k.dtype)) + " but V has dtype " +
+         dtype_name(v.dtype) + " (K and V must share a dtype: K " + shape_str(k) + ", V " +
+         shape_str(v) + ")");
+  }
 
   // Built only when a message needs it: a valid call must not allocate.
   struct AllShapes {
@@ -297,6 +355,9 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     }
   }
 
+  check_scales("k_scales", "K", k, opts.k_scales, p, p.k_scale, p.k_scale_s);
+  check_scales("v_scales", "V", v, opts.v_scales, p, p.v_scale, p.v_scale_s);
+
   if (opts.lse) {
     const TensorView lse = *opts.lse;
     check_view("lse", lse, 3, 3);
@@ -339,6 +400,12 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     const Extent el = extent_of("key_lengths", *opts.key_lengths);
     for (const auto& [name, e] : written) check_disjoint(name, e, {{"key_lengths", el}});
   }
+  for (const auto& [sname, sc] :
+       {std::pair{"k_scales", &opts.k_scales}, {"v_scales", &opts.v_scales}}) {
+    if (!*sc) continue;
+    const Extent es = extent_of(sname, **sc);
+    for (const auto& [name, e] : written) check_disjoint(name, e, {{sname, es}});
+  }
 
   p.q = strided(q);
   p.k = strided(k);
@@ -350,4 +417,34 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 }  // namespace detail
+}  // namespace cpuattn
+
+namespace cpuattn {
+
+std::uint16_t to_bf16(float x) { return detail::f32_to_bf16(x); }
+float from_bf16(std::uint16_t bits) { return detail::bf16_to_f32(bits); }
+std::uint16_t to_f16(float x) { return detail::f32_to_f16(x); }
+float from_f16(std::uint16_t bits) { return detail::f16_to_f32(bits); }
+
+float quantize_int8(const float* x, std::int64_t n, std::int8_t* q) {
+  float amax = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) {
+      detail::fail("quantize_int8: element " + std::to_string(i) + " of " + std::to_string(n) +
+                   " is " + std::to_string(x[i]) + " (int8 holds finite values only)");
+    }
+    amax = std::max(amax, std::abs(x[i]));
+  }
+  // A row whose scale underflows to 0 (max |x| < 1.8e-43) is stored as zeros, like a zero row.
+  const float scale = amax / 127.0f;
+  if (scale == 0.0f) {
+    std::fill(q, q + n, std::int8_t{0});
+    return 0.0f;
+  }
+  // x / scale is at most 127 * (1 + 2^-23) in magnitude: round, then clamp the last ulp.
+  for (std::int64_t i = 0; i < n; ++i)
+    q[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f));
+  return scale;
+}
+
 }  // namespace cpuattn

@@ -52,7 +52,8 @@ Plan make_plan(const Problem& p, std::int64_t block_rows, std::int64_t block_key
   pl.k_splits = ceil_div(p.Lk, pl.keys_per_split);
   pl.tasks = units * pl.q_chunks * pl.k_splits;
   pl.partial_row_floats = p.Dv + 2;
-  pl.stream_out = pl.k_splits == 1 && p.B * p.H * p.Lq * p.Dv * 4 > kStreamOutBytes;
+  pl.stream_out = pl.k_splits == 1 && p.out_dtype == DType::f32 &&
+                  p.B * p.H * p.Lq * p.Dv * 4 > kStreamOutBytes;
   return pl;
 }
 

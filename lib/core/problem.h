@@ -35,6 +35,12 @@ struct Problem {
   MaskKind mask_kind = MaskKind::none;
   Strided4 mask;  // strides over (b, h, i, j), 0 where broadcast
 
+  // int8 K/V: f32 scale per (b, kv head, key); strides over (b, h, j). nullptr otherwise.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  std::int64_t k_scale_s[3] = {0, 0, 0};
+  std::int64_t v_scale_s[3] = {0, 0, 0};
+
   const void* key_lengths = nullptr;  // nullptr: every batch has Lk keys
   DType key_lengths_dtype = DType::i64;
 

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
+#include "core/dtypes.h"
 #include "core/plan.h"
 #include "core/recorder.h"
 #include "core/softmax.h"
@@ -20,6 +22,7 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
       tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 64),
       [&](const tbb::blocked_range<std::int64_t>& range) {
         const TaskTimer timer(rec, range.begin() / 64, Phase::merge);
+        std::vector<float> row_buf(p.out_dtype == DType::f32 ? 0 : static_cast<std::size_t>(p.Dv));
         for (std::int64_t row = range.begin(); row < range.end(); ++row) {
           const std::int64_t i = row % p.Lq, h = (row / p.Lq) % p.H, b = row / (p.Lq * p.H);
           RowState st{neg_inf, 0.0f};
@@ -29,8 +32,10 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
             st.m = std::isnan(m) || std::isnan(st.m) ? std::numeric_limits<float>::quiet_NaN()
                                                      : std::max(st.m, m);
           }
+          // Accumulated in f32 here, then stored in out's dtype (f32 rows directly).
+          const std::int64_t out_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
           float* dst =
-              static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+              p.out_dtype == DType::f32 ? static_cast<float*>(p.out) + out_off : row_buf.data();
           std::fill(dst, dst + p.Dv, 0.0f);
           if (!st.empty()) {
             for (std::int64_t s = 0; s < pl.k_splits; ++s) {
@@ -42,6 +47,10 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
             }
             const float scale = st.out_scale();
             for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] *= scale;
+          }
+          if (p.out_dtype != DType::f32) {
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+              store_float(p.out, p.out_dtype, out_off + d, dst[d]);
           }
           if (p.lse) {
             static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();

@@ -3,6 +3,10 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <array>
 #include <cstdint>
 
@@ -23,10 +27,21 @@ std::int64_t excluded_by(Target cap) {
       excluded |= HWY_AVX3 | HWY_AVX3_DL;
       [[fallthrough]];
     case Target::avx512:
+    case Target::avx512_bf16:
     case Target::best:
       break;
   }
   return excluded;
+}
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (eax & (1u << 5)) != 0;
+#else
+  return false;
+#endif
 }
 
 Choice compute(Target cap, Simd provider) {
@@ -45,6 +60,11 @@ Choice compute(Target cap, Simd provider) {
              : (best & HWY_AVX2) != 0               ? Target::avx2
              : (best & (HWY_SSE4 | HWY_SSSE3)) != 0 ? Target::sse4
                                                     : Target::scalar;
+  // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) on top of the
+  // AVX-512 target Highway found, and a cap that admits it.
+  if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
+      cpu_has_avx512_bf16())
+    c.target = Target::avx512_bf16;
   // xsimd covers the x86 SIMD instruction sets; below SSE4 the portable Highway target runs.
   c.provider = provider == Simd::xsimd && c.target != Target::scalar ? Simd::xsimd : Simd::highway;
   return c;
@@ -54,8 +74,9 @@ Choice compute(Target cap, Simd provider) {
 
 const Choice& choose(Target cap, Simd provider) {
   static const auto table = [] {
-    std::array<std::array<Choice, 2>, 5> t{};
-    for (Target c : {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best}) {
+    std::array<std::array<Choice, 2>, 6> t{};
+    for (Target c : {Target::scalar, Target::sse4, Target::avx2, Target::avx512,
+                     Target::avx512_bf16, Target::best}) {
       for (Simd s : {Simd::highway, Simd::xsimd})
         t[static_cast<int>(c)][static_cast<int>(s)] = compute(c, s);
     }

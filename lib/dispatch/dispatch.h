@@ -39,6 +39,7 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   if (c.provider == Simd::xsimd) {
     switch (c.target) {
       case Target::avx512:
+      case Target::avx512_bf16:
         return *t.xsimd_avx512();
       case Target::avx2:
         return *t.xsimd_avx2();

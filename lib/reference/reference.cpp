@@ -8,23 +8,33 @@
 #include <limits>
 #include <vector>
 
+#include "core/dtypes.h"
 #include "core/problem.h"
 
 namespace cpuattn {
 namespace detail {
 namespace {
 
-double load(const void* base, DType dtype, std::int64_t offset) {
+// bf16, f16 and int8 values are exact in double; an int8 element is float(q) * scale rounded to
+// f32, the value the fast path computes with (core/dtypes.h).
+double load(const void* base, DType dtype, std::int64_t offset, float scale = 1.0f) {
   if (dtype == DType::f64) return static_cast<const double*>(base)[offset];
-  return static_cast<const float*>(base)[offset];
+  if (dtype == DType::i8) return dequantize(static_cast<const std::int8_t*>(base)[offset], scale);
+  return load_as_float(base, dtype, offset);
 }
 
+// f32/bf16/f16 outputs get the double rounded to f32 and then (for bf16/f16) to nearest even.
 void store(void* base, DType dtype, std::int64_t offset, double value) {
   if (dtype == DType::f64) {
     static_cast<double*>(base)[offset] = value;
   } else {
-    static_cast<float*>(base)[offset] = static_cast<float>(value);
+    store_float(base, dtype, offset, static_cast<float>(value));
   }
+}
+
+float scale_of(const float* scale, const std::int64_t* s, std::int64_t b, std::int64_t hk,
+               std::int64_t j) {
+  return scale == nullptr ? 1.0f : scale[b * s[0] + hk * s[1] + j * s[2]];
 }
 
 // Returns -inf for a masked key, else the additive mask term (0 without one).
@@ -55,9 +65,10 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
       continue;
     }
     const std::int64_t k_off = b * p.k.s[0] + hk * p.k.s[1] + j * p.k.s[2];
+    const float ksc = scale_of(p.k_scale, p.k_scale_s, b, hk, j);
     double dot = 0;
     for (std::int64_t d = 0; d < p.D; ++d) {
-      dot += load(p.q.data, p.q.dtype, q_off + d) * load(p.k.data, p.k.dtype, k_off + d);
+      dot += load(p.q.data, p.q.dtype, q_off + d) * load(p.k.data, p.k.dtype, k_off + d, ksc);
     }
     s[j] = p.scale * dot + term;
     if (std::isnan(s[j]) || std::isnan(m)) {
@@ -88,7 +99,9 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
   for (std::int64_t j = 0; j < p.Lk; ++j) {
     if (s[j] == 0.0) continue;
     const std::int64_t v_off = b * p.v.s[0] + hk * p.v.s[1] + j * p.v.s[2];
-    for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += s[j] * load(p.v.data, p.v.dtype, v_off + d);
+    const float vsc = scale_of(p.v_scale, p.v_scale_s, b, hk, j);
+    for (std::int64_t d = 0; d < p.Dv; ++d)
+      acc[d] += s[j] * load(p.v.data, p.v.dtype, v_off + d, vsc);
   }
   for (std::int64_t d = 0; d < p.Dv; ++d) store(p.out, p.out_dtype, o_off + d, acc[d] / l);
   if (p.lse) {

@@ -30,6 +30,10 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
   static constexpr int kLanes = static_cast<int>(hn::MaxLanes(D()));
   static constexpr const char* kProvider = "highway";
 
+#if CPUATTN_SIMD_BITS > 0
+  using Raw = decltype(V().raw);
+  static HWY_INLINE V FromRaw(Raw r) { return V{r}; }
+#endif
   static HWY_INLINE V Zero() { return hn::Zero(D()); }
   static HWY_INLINE V Set(float x) { return hn::Set(D(), x); }
   static HWY_INLINE V Iota() { return hn::Iota(D(), 0.0f); }

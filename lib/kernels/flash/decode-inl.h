@@ -9,45 +9,52 @@
 
 #include <cstdint>
 
+#include "core/dtypes.h"
 #include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
 // Streaming scores for a few query rows (decode): S[r][j] = Qd[r] . K[j] with K read in place,
 // row after row, so the stream runs at memory speed and nothing is packed. One K vector load
-// serves R rows; a horizontal sum per score is affordable because there are few rows.
-template <class O, int R>
+// serves R rows; a horizontal sum per score is affordable because there are few rows. K of a
+// reduced-precision dtype is widened in registers as it is loaded (each element is used by all
+// R rows of that load); an int8 key's score is multiplied by its scale, kscale[j * kss].
+template <class O, int R, class T>
 CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
-                               const float* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
-                               float* CPUATTN_RESTRICT s, std::int64_t s_stride) {
+                               const T* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
+                               const float* kscale, std::int64_t kss, float* CPUATTN_RESTRICT s,
+                               std::int64_t s_stride) {
   constexpr int N = O::kLanes;
   const std::int64_t dv = D / N * N;
   for (std::int64_t j = 0; j < nk; ++j) {
-    const float* krow = k + j * ks;
+    const T* krow = k + j * ks;
     typename O::V acc[R];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) acc[r] = O::Zero();
     for (std::int64_t d = 0; d < dv; d += N) {
-      const typename O::V kv = O::LoadU(krow + d);
+      const typename O::V kv = LoadWide<O>(krow + d);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r]);
     }
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       float tail = 0.0f;
-      for (std::int64_t d = dv; d < D; ++d) tail += qd[r * dp + d] * krow[d];
-      s[r * s_stride + j] = O::ReduceSum(acc[r]) + tail;
+      for (std::int64_t d = dv; d < D; ++d) tail += qd[r * dp + d] * detail::to_float(krow[d]);
+      const float dot = O::ReduceSum(acc[r]) + tail;
+      s[r * s_stride + j] = kscale == nullptr ? dot : dot * kscale[j * kss];
     }
   }
 }
 
-template <class O>
-void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const float* k,
-               std::int64_t ks, std::int64_t nk, float* s, std::int64_t s_stride) {
+template <class O, class T>
+void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T* k, std::int64_t ks,
+               std::int64_t nk, const float* kscale, std::int64_t kss, float* s,
+               std::int64_t s_stride) {
   switch (R) {
-#define CPUATTN_DOT_CASE(n)                              \
-  case n:                                                \
-    DotScoresR<O, n>(qd, dp, D, k, ks, nk, s, s_stride); \
+#define CPUATTN_DOT_CASE(n)                                              \
+  case n:                                                                \
+    DotScoresR<O, n, T>(qd, dp, D, k, ks, nk, kscale, kss, s, s_stride); \
     break;
     CPUATTN_DOT_CASE(1)
     CPUATTN_DOT_CASE(2)

@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/dtypes.h"
 #include "core/problem.h"
 #include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
@@ -32,45 +35,66 @@ struct Geometry {
 // Prefetches (into L2) the K and V rows of keys [j0, j0 + nk) of one K/V head.
 inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
                        std::int64_t nk) {
-  const char* K = static_cast<const char*>(p.k.data) + (b * p.k.s[0] + hk * p.k.s[1]) * 4;
-  const char* V = static_cast<const char*>(p.v.data) + (b * p.v.s[0] + hk * p.v.s[1]) * 4;
+  const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
+  const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
+  const char* K = static_cast<const char*>(p.k.data) + (b * p.k.s[0] + hk * p.k.s[1]) * ek;
+  const char* V = static_cast<const char*>(p.v.data) + (b * p.v.s[0] + hk * p.v.s[1]) * ev;
   for (std::int64_t j = j0; j < j0 + nk; ++j) {
-    for (std::int64_t off = 0; off < p.D * 4; off += 64)
-      __builtin_prefetch(K + j * p.k.s[2] * 4 + off, 0, 2);
-    for (std::int64_t off = 0; off < p.Dv * 4; off += 64)
-      __builtin_prefetch(V + j * p.v.s[2] * 4 + off, 0, 2);
+    for (std::int64_t off = 0; off < p.D * ek; off += 64)
+      __builtin_prefetch(K + j * p.k.s[2] * ek + off, 0, 2);
+    for (std::int64_t off = 0; off < p.Dv * ev; off += 64)
+      __builtin_prefetch(V + j * p.v.s[2] * ev + off, 0, 2);
   }
 }
 
-// Packs the V rows of keys [j0, j0 + nk) into column chunks of CW values, zero-padded.
-template <class O>
-void PackV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-           std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT vp) {
+// The per-key scale of an int8 K or V row (1 for other dtypes, which need none).
+CPUATTN_INLINE float KeyScale(const float* scale, const std::int64_t* s, std::int64_t b,
+                              std::int64_t hk, std::int64_t j) {
+  return scale == nullptr ? 1.0f : scale[b * s[0] + hk * s[1] + j * s[2]];
+}
+
+// Packs the V rows of keys [j0, j0 + nk) into column chunks of CW values, zero-padded, converted
+// to f32 (int8 rows times their scale).
+template <class O, class T>
+void PackVAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+             std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT vp) {
   constexpr int N = O::kLanes;
   constexpr int CW = Geometry<O>::CW;
-  const float* Vs = static_cast<const float*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
+  const T* Vs = static_cast<const T*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
   for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
     float* dst = vp + c0 * nk;  // chunk c0 holds nk rows of cw values
     const std::int64_t valid = std::max<std::int64_t>(0, std::min(cw, g.Dv - c0));
     for (std::int64_t k = 0; k < nk; ++k) {
-      const float* src = Vs + (j0 + k) * p.v.s[2] + c0;
+      const T* src = Vs + (j0 + k) * p.v.s[2] + c0;
       float* row = dst + k * cw;
       std::int64_t c = 0;
-      for (; c + N <= valid; c += N) O::Store(O::LoadU(src + c), row + c);
-      for (; c < valid; ++c) row[c] = src[c];
-      for (; c < cw; ++c) row[c] = 0.0f;
+      if constexpr (std::is_same_v<T, std::int8_t>) {
+        const typename O::V vs = O::Set(KeyScale(p.v_scale, p.v_scale_s, b, hk, j0 + k));
+        for (; c + N <= valid; c += N) O::Store(O::Mul(LoadWide<O>(src + c), vs), row + c);
+        if (c < valid) O::Store(O::Mul(LoadWidePartial<O>(src + c, valid - c), vs), row + c);
+      } else {
+        for (; c + N <= valid; c += N) O::Store(LoadWide<O>(src + c), row + c);
+        if (c < valid) O::Store(LoadWidePartial<O>(src + c, valid - c), row + c);
+      }
+      // Whole vectors were stored up to the next multiple of N; zero the rest of the chunk row.
+      for (c = (valid + N - 1) / N * N; c < cw; ++c) row[c] = 0.0f;
     }
   }
 }
 
-// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded).
 template <class O>
-void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-            std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp,
-            float* CPUATTN_RESTRICT vp) {
+void PackV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+           std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT vp) {
+  detail::with_elem(p.v.dtype, [&](auto t) { PackVAs<O, decltype(t)>(p, g, b, hk, j0, nk, vp); });
+}
+
+// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded).
+template <class O, class T>
+void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+             std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp) {
   constexpr int W = Geometry<O>::W;
-  const float* K = static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
+  const T* K = static_cast<const T*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
   constexpr int N = O::kLanes;
   const std::int64_t panels = (nk + W - 1) / W;
   // K: N x N squares (N keys x N dims) transposed in registers; missing keys are zero rows and
@@ -90,20 +114,24 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
             r[w] = O::Zero();
             continue;
           }
-          const float* src = K + (j0 + w0 + w) * p.k.s[2] + d0;
-          if (dims == N) {
-            r[w] = O::LoadU(src);
-          } else {
-            alignas(64) float tmp[N] = {};
-            std::copy(src, src + dims, tmp);
-            r[w] = O::Load(tmp);
-          }
+          const T* src = K + (j0 + w0 + w) * p.k.s[2] + d0;
+          r[w] = dims == N ? LoadWide<O>(src) : LoadWidePartial<O>(src, dims);
+          if constexpr (std::is_same_v<T, std::int8_t>)
+            r[w] = O::Mul(r[w], O::Set(KeyScale(p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
         }
         O::Transpose(r);
         for (std::int64_t d = 0; d < dims; ++d) O::Store(r[d], dst + (d0 + d) * W + part * N);
       }
     }
   }
+}
+
+// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded, f32).
+template <class O>
+void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+            std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp,
+            float* CPUATTN_RESTRICT vp) {
+  detail::with_elem(p.k.dtype, [&](auto t) { PackKAs<O, decltype(t)>(p, g, b, hk, j0, nk, kp); });
   PackV<O>(p, g, b, hk, j0, nk, vp);
 }
 
@@ -113,24 +141,32 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
 // the general registers), and the copy is then a load, a multiply and a store per vector. (Against
 // the transposed Qp[d][row] it replaces, measured: S1 +5-14%, and the score tile on L1 data from
 // 87% to 90% of the FMA probe.)
-template <class O>
-void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
-           std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* CPUATTN_RESTRICT qp) {
+template <class O, class T>
+void PackQAs(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+             std::int64_t pos0, int rows, float qscale, std::int64_t qs,
+             float* CPUATTN_RESTRICT qp) {
   constexpr int N = O::kLanes;
   const typename O::V vscale = O::Set(qscale);
   const std::int64_t dv = p.D / N * N;
   for (int r = 0; r < rows; ++r) {
-    const float* src = static_cast<const float*>(p.q.data) + b * p.q.s[0] +
-                       (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2];
+    const T* src = static_cast<const T*>(p.q.data) + b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] +
+                   (pos0 + r / nh) * p.q.s[2];
     float* dst = qp + r * qs;
-    for (std::int64_t d = 0; d < dv; d += N) O::Store(O::Mul(O::LoadU(src + d), vscale), dst + d);
+    for (std::int64_t d = 0; d < dv; d += N)
+      O::Store(O::Mul(LoadWide<O>(src + d), vscale), dst + d);
     if (dv < qs) {
-      alignas(64) float tmp[N] = {};
-      std::copy(src + dv, src + p.D, tmp);
-      O::Store(O::Mul(O::Load(tmp), vscale), dst + dv);
-      std::fill(dst + dv + N, dst + qs, 0.0f);
+      if (dv < p.D) O::Store(O::Mul(LoadWidePartial<O>(src + dv, p.D - dv), vscale), dst + dv);
+      std::fill(dst + (dv < p.D ? dv + N : dv), dst + qs, 0.0f);
     }
   }
+}
+
+template <class O>
+void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+           std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* CPUATTN_RESTRICT qp) {
+  detail::with_elem(p.q.dtype, [&](auto t) {
+    PackQAs<O, decltype(t)>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+  });
 }
 
 CPUATTN_NAMESPACE_END

@@ -117,7 +117,8 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       float* kp = kv + slot * g.kv_block_floats();
       float* vp = kp + g.k_block_floats();
       // V is read in place when its rows are whole vectors; otherwise packed (zero-padded).
-      const bool v_in_place = stream && g.DvP == g.Dv;
+      // (Only f32: other dtypes are converted while packing.)
+      const bool v_in_place = stream && g.DvP == g.Dv && p.v.dtype == DType::f32;
       const bool first_use = !keep_packed || slot >= packed_blocks;
       if (first_use) {
         // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
@@ -160,9 +161,16 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
 
       // 1. Scores, masked in the micro-kernel epilogue where needed.
       if (stream) {
-        const float* K =
-            static_cast<const float*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
-        DotScores<O>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, s, g.Nk);
+        detail::with_elem(p.k.dtype, [&](auto t) {
+          using T = decltype(t);
+          const T* K =
+              static_cast<const T*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
+          const float* kscale =
+              p.k_scale == nullptr
+                  ? nullptr
+                  : p.k_scale + b * p.k_scale_s[0] + hk * p.k_scale_s[1] + kb0 * p.k_scale_s[2];
+          DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s, g.Nk);
+        });
         clock.lap(Phase::scores);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
         clock.lap(Phase::mask);
@@ -220,10 +228,14 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         std::copy(arow, arow + g.Dv, dst + 2);
         continue;
       }
-      float* dst = static_cast<float*>(p.out) + b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+      const std::int64_t out_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
       const float scale = st.out_scale();
-      if (pl.stream_out && g.Dv == g.DvP &&
-          reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
+      if (p.out_dtype != DType::f32) {
+        for (std::int64_t d = 0; d < g.Dv; ++d)
+          detail::store_float(p.out, p.out_dtype, out_off + d, arow[d] * scale);
+      } else if (float* dst = static_cast<float*>(p.out) + out_off;
+                 pl.stream_out && g.Dv == g.DvP &&
+                 reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
         const typename O::V vscale = O::Set(scale);
         for (std::int64_t d = 0; d < g.Dv; d += N)
           O::Stream(O::Mul(O::Load(arow + d), vscale), dst + d);
