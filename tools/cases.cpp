@@ -83,26 +83,92 @@ Shape parse_shape(const std::string& text, bool causal) {
   return s;
 }
 
-Case attention_case(const Shape& s) {
+DType parse_dtype(const std::string& text, const char* flag, bool allow_int8) {
+  if (text == "f32" || text == "float32") return DType::f32;
+  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  if (text == "f16" || text == "float16") return DType::f16;
+  if (allow_int8 && (text == "int8" || text == "i8")) return DType::i8;
+  throw std::invalid_argument(std::string(flag) + " '" + text + "': expected f32, bf16, f16" +
+                              (allow_int8 ? " or int8" : ""));
+}
+
+const char* short_dtype_name(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i8:
+      return "int8";
+    default:
+      return "f32";
+  }
+}
+
+namespace {
+
+// A tensor's values stored as `dtype`: 16-bit patterns, or int8 rows of `row` values with one
+// scale per row.
+struct StoredTensor {
+  DType dtype = DType::f32;
+  AlignedFloats f32, scales;
+  std::vector<std::uint16_t, Aligned64<std::uint16_t>> half;
+  std::vector<std::int8_t, Aligned64<std::int8_t>> i8;
+  StoredTensor(AlignedFloats x, DType t, std::int64_t row) : dtype(t) {
+    if (t == DType::bf16 || t == DType::f16) {
+      half.resize(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i)
+        half[i] = t == DType::bf16 ? to_bf16(x[i]) : to_f16(x[i]);
+    } else if (t == DType::i8) {
+      i8.resize(x.size());
+      scales.resize(x.size() / static_cast<std::size_t>(row));
+      for (std::size_t r = 0; r < scales.size(); ++r)
+        scales[r] = quantize_int8(x.data() + r * row, row, i8.data() + r * row);
+    } else {
+      f32 = std::move(x);
+    }
+  }
+  const void* data() const {
+    return dtype == DType::f32  ? static_cast<const void*>(f32.data())
+           : dtype == DType::i8 ? static_cast<const void*>(i8.data())
+                                : static_cast<const void*>(half.data());
+  }
+};
+
+AlignedFloats filled(std::size_t n, std::uint32_t seed) {
+  AlignedFloats x(n);
+  fill(x, seed);
+  return x;
+}
+
+}  // namespace
+
+Case attention_case(const Shape& s, DType dtype, DType kv_dtype) {
   struct Data {
-    AlignedFloats q, k, v, out;
+    StoredTensor q, k, v;
+    std::vector<std::uint8_t, Aligned64<std::uint8_t>> out;
   };
-  auto d = std::make_shared<Data>();
-  d->q.resize(s.B * s.H * s.Lq * s.D);
-  d->k.resize(s.B * s.Hkv * s.Lk * s.D);
-  d->v.resize(s.B * s.Hkv * s.Lk * s.Dv);
-  d->out.resize(s.B * s.H * s.Lq * s.Dv);
-  fill(d->q, 1);
-  fill(d->k, 2);
-  fill(d->v, 3);
+  auto d = std::make_shared<Data>(
+      Data{StoredTensor(filled(s.B * s.H * s.Lq * s.D, 1), dtype, s.D),
+           StoredTensor(filled(s.B * s.Hkv * s.Lk * s.D, 2), kv_dtype, s.D),
+           StoredTensor(filled(s.B * s.Hkv * s.Lk * s.Dv, 3), kv_dtype, s.Dv),
+           {}});
+  d->out.resize(s.B * s.H * s.Lq * s.Dv * dtype_size(dtype));
   AttentionOptions opts;
   opts.causal = s.causal ? Causal::top_left : Causal::none;
-  Case c{s.name, s.dims(), s.flops(), s.kv_bytes(), s.decode(), {}};
-  c.run = [d, s, opts](Context& ctx) {
-    attention(f32_view(d->q.data(), {s.B, s.H, s.Lq, s.D}),
-              f32_view(d->k.data(), {s.B, s.Hkv, s.Lk, s.D}),
-              f32_view(d->v.data(), {s.B, s.Hkv, s.Lk, s.Dv}),
-              f32_view(d->out.data(), {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
+  if (kv_dtype == DType::i8) {
+    opts.k_scales = f32_view(d->k.scales.data(), {s.B, s.Hkv, s.Lk});
+    opts.v_scales = f32_view(d->v.scales.data(), {s.B, s.Hkv, s.Lk});
+  }
+  const double kv_bytes =
+      double(s.B) * s.Hkv * s.Lk *
+      (double(s.D + s.Dv) * dtype_size(kv_dtype) + (kv_dtype == DType::i8 ? 8.0 : 0.0));
+  Case c{s.name, s.dims(), s.flops(), kv_bytes, s.decode(), {}};
+  c.run = [d, s, opts, dtype, kv_dtype](Context& ctx) {
+    attention(TensorView::contiguous(d->q.data(), dtype, {s.B, s.H, s.Lq, s.D}),
+              TensorView::contiguous(d->k.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.D}),
+              TensorView::contiguous(d->v.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.Dv}),
+              OutputView::contiguous(d->out.data(), dtype, {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
   };
   return c;
 }
@@ -128,7 +194,7 @@ std::shared_ptr<MultiHeadAttention> bench_layer() {
 
 }  // namespace
 
-std::optional<Case> layer_case(const std::string& name) {
+std::optional<Case> layer_case(const std::string& name, [[maybe_unused]] DType kv_dtype) {
   if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
     const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
     auto x = std::make_shared<std::vector<float>>(M * K);
@@ -180,9 +246,9 @@ std::optional<Case> layer_case(const std::string& name) {
   return std::nullopt;
 }
 
-Case make_case(const std::string& name, bool causal) {
-  if (auto lc = layer_case(name)) return std::move(*lc);
-  return attention_case(parse_shape(name, causal));
+Case make_case(const std::string& name, bool causal, DType dtype, DType kv_dtype) {
+  if (auto lc = layer_case(name, kv_dtype)) return std::move(*lc);
+  return attention_case(parse_shape(name, causal), dtype, kv_dtype);
 }
 
 }  // namespace cpuattn::cli

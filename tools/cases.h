@@ -25,11 +25,21 @@ struct Case {
   std::function<void(Context&)> run;
 };
 
+// "f32", "bf16", "f16" or "int8" (int8 only where `allow_int8`); throws std::invalid_argument
+// naming `flag` otherwise.
+DType parse_dtype(const std::string& text, const char* flag, bool allow_int8);
+// The short name parse_dtype() reads ("f32", "bf16", "f16", "int8").
+const char* short_dtype_name(DType t);
+
 // An attention case; inputs are 64-byte aligned and filled with a fixed pseudo-random pattern.
-Case attention_case(const Shape& s);
+// Q and out are stored as `dtype`, K and V as `kv_dtype` (int8 with per-token scales, as a
+// KvCache stores them); `bytes` counts K and V at their storage size.
+Case attention_case(const Shape& s, DType dtype = DType::f32, DType kv_dtype = DType::f32);
 // L1 (Linear), M1 (MHA layer) or M2 (MHA decode step); nullopt for any other name.
-std::optional<Case> layer_case(const std::string& name);
-// layer_case(name), else attention_case(parse_shape(name, causal)).
-Case make_case(const std::string& name, bool causal);
+// M2's cache is stored as `kv_dtype`.
+std::optional<Case> layer_case(const std::string& name, DType kv_dtype = DType::f32);
+// layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype).
+Case make_case(const std::string& name, bool causal, DType dtype = DType::f32,
+               DType kv_dtype = DType::f32);
 
 }  // namespace cpuattn::cli

@@ -43,6 +43,8 @@ struct Options {
   std::vector<std::int64_t> values;
   bool json = false, csv = false, md = false;
   std::string out;
+  std::vector<std::string> dtypes = {"f32"};  // Q (and out) dtypes
+  std::vector<std::string> kv_dtypes;         // K/V dtypes; empty: each Q dtype
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -57,6 +59,11 @@ struct Point {
 struct Variant {
   Target cap;
   Simd simd;
+};
+
+// A dtype pair: Q and out in `q`, K and V in `kv`.
+struct DtypePair {
+  DType q, kv;
 };
 
 Shape with_seq(Shape s, std::int64_t L) {
@@ -228,17 +235,19 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     }
   }
   const bool threads_sweep = o.sweep == "threads";
-  std::printf("\n%-5s %-34s %-7s %-7s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target", "simd",
-              "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
+  std::printf("\n%-5s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target",
+              "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
   if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
   std::printf("\n");
   for (const Json& r : recs) {
     const std::string name = r["shape"].get<std::string>();
-    std::printf("%-5s %-34s %-7s %-7s %7d %10.3f %9.1f %6.1f%% %8.1f",
+    std::string dt = r["dtype"].get<std::string>();
+    if (r["kv_dtype"] != r["dtype"]) dt += "/" + r["kv_dtype"].get<std::string>();
+    std::printf("%-5s %-34s %-11s %-7s %-9s %7d %10.3f %9.1f %6.1f%% %8.1f",
                 name.size() > 5 ? "-" : name.c_str(), r["dims"].get<std::string>().c_str(),
                 r["target"].get<std::string>().c_str(), r["simd"].get<std::string>().c_str(),
-                r["threads"].get<int>(), r["median_ms"].get<double>(), r["gflops"].get<double>(),
-                r["pct_peak"].get<double>(), r["gbps"].get<double>());
+                dt.c_str(), r["threads"].get<int>(), r["median_ms"].get<double>(),
+                r["gflops"].get<double>(), r["pct_peak"].get<double>(), r["gbps"].get<double>());
     if (r.contains("pct_bw")) {
       std::printf(" %5.1f%%", r["pct_bw"].get<double>());
     } else {
@@ -260,6 +269,13 @@ int run_bench(const Options& o) {
   std::vector<Variant> variants;
   for (const auto& t : o.targets)
     for (Simd s : providers) variants.push_back({parse_target(t), s});
+  std::vector<DtypePair> dtype_pairs;
+  for (const auto& q : o.dtypes) {
+    const DType qd = parse_dtype(q, "--dtype", false);
+    if (o.kv_dtypes.empty()) dtype_pairs.push_back({qd, qd});
+    for (const auto& kv : o.kv_dtypes)
+      dtype_pairs.push_back({qd, parse_dtype(kv, "--kv-dtype", true)});
+  }
   std::vector<int> threads;
   for (const Point& p : points) {
     if (std::find(threads.begin(), threads.end(), p.threads) == threads.end())
@@ -286,7 +302,13 @@ int run_bench(const Options& o) {
     const Point& pt = points[pi];
     // Inputs per point, freed before the next one: a sequence sweep's largest case alone is
     // hundreds of MB.
-    const Case c = pt.custom ? attention_case(pt.shape) : make_case(pt.case_name, o.causal);
+    // One case per dtype pair (each has its inputs); every (variant, dtype pair) is timed in turns.
+    std::vector<Case> cases;
+    for (const DtypePair& dp : dtype_pairs) {
+      cases.push_back(pt.custom ? attention_case(pt.shape, dp.q, dp.kv)
+                                : make_case(pt.case_name, o.causal, dp.q, dp.kv));
+    }
+    const Case& c = cases[0];
     if (tty && std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
       std::fprintf(stderr, "\r[%zu/%zu] %s %s, %d thread%s   ", pi + 1, points.size(),
                    c.name.c_str(), c.dims.c_str(), pt.threads, pt.threads > 1 ? "s" : "");
@@ -299,19 +321,20 @@ int run_bench(const Options& o) {
       ctxs.push_back(std::make_unique<Context>(pt.threads));
       ctxs.back()->set_max_target(v.cap);
       ctxs.back()->set_simd(v.simd);
-      c.run(*ctxs.back());  // warm-up: scratch allocation, page faults, thread start
+      for (const Case& dc : cases) dc.run(*ctxs.back());  // warm-up: scratch, page faults, threads
     }
+    const std::size_t nd = cases.size();
     // A threads sweep also probes the FMA rate right before and right after the point's timed
     // runs: a neighbour that holds a core only during the cases escapes the run-wide probes
     // (seen: S1 at 1.2x on 2 threads while those read 1.97x), not these. The lower reading is
     // kept: the machine this point actually had.
     const bool point_probe = o.sweep == "threads";
     double point_fma = point_probe ? measure_fma_peak_gflops(pt.threads, ctxs[0].get()) : 0.0;
-    std::vector<std::vector<double>> ms(variants.size());
+    std::vector<std::vector<double>> ms(variants.size() * nd);
     for (int r = 0; r < o.repeat; ++r) {
-      for (std::size_t i = 0; i < variants.size(); ++i) {
+      for (std::size_t i = 0; i < ms.size(); ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        c.run(*ctxs[i]);
+        cases[i % nd].run(*ctxs[i / nd]);
         ms[i].push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count());
@@ -320,7 +343,10 @@ int run_bench(const Options& o) {
     if (point_probe) {
       point_fma = std::min(point_fma, measure_fma_peak_gflops(pt.threads, ctxs[0].get()));
     }
-    for (std::size_t i = 0; i < variants.size(); ++i) {
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const Case& ci = cases[i % nd];
+      const Variant& vi = variants[i / nd];
+      Context& ctx = *ctxs[i / nd];
       std::sort(ms[i].begin(), ms[i].end());
       Json r;
       r["shape"] = c.name;
@@ -335,14 +361,18 @@ int run_bench(const Options& o) {
         r["value"] = pt.value;
       }
       r["threads"] = pt.threads;
-      r["target"] = target_name(active_target(ctxs[i].get()));
-      r["simd"] = simd_name(active_simd(ctxs[i].get()));
-      r["dtype"] = "f32";
+      r["target"] = target_name(active_target(&ctx));
+      r["simd"] = simd_name(active_simd(&ctx));
+      r["dtype"] = short_dtype_name(dtype_pairs[i % nd].q);
+      r["kv_dtype"] = short_dtype_name(dtype_pairs[i % nd].kv);
+      // Which products ran natively on bf16 (vdpbf16ps), for bf16 Q with bf16 K/V.
+      if (dtype_pairs[i % nd].q == DType::bf16 && dtype_pairs[i % nd].kv == DType::bf16)
+        r["bf16_path"] = active_bf16_path(&ctx);
       r["repeat"] = o.repeat;
       r["median_ms"] = ms[i][ms[i].size() / 2];
       r["best_ms"] = ms[i].front();
       if (point_probe) r["point_fma_gflops"] = point_fma;
-      rows.push_back({std::move(r), c.flops, c.bytes, c.memory_bound, variants[i].cap});
+      rows.push_back({std::move(r), ci.flops, ci.bytes, ci.memory_bound, vi.cap});
     }
   }
   if (progress_shown) std::fprintf(stderr, "\r%60s\r", "");
@@ -370,7 +400,7 @@ int run_bench(const Options& o) {
       for (const Row& other : rows) {
         const Json& q = other.rec;
         if (q["threads"].get<int>() == 1 && q["dims"] == r["dims"] && q["target"] == r["target"] &&
-            q["simd"] == r["simd"]) {
+            q["simd"] == r["simd"] && q["dtype"] == r["dtype"] && q["kv_dtype"] == r["kv_dtype"]) {
           base_ms = q["median_ms"].get<double>();
         }
       }
@@ -449,15 +479,24 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber)
       ->each([opts](const std::string&) { opts->threads_given = true; });
   cmd->add_option("--target", opts->targets,
-                  "SIMD target caps to measure: scalar, sse4, avx2, avx512, best (comma list; "
-                  "default best)")
+                  "SIMD target caps to measure: scalar, sse4, avx2, avx512, avx512_bf16, best "
+                  "(comma list; default best)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
+      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best"}));
   cmd->add_option("--simd", opts->simd,
                   "SIMD providers to measure, e.g. highway,xsimd (default: CPUATTN_SIMD, else "
                   "highway)")
       ->delimiter(',')
       ->check(CLI::IsMember({"highway", "xsimd"}));
+  cmd->add_option("--dtype", opts->dtypes,
+                  "Q (and out) dtypes to measure: f32, bf16, f16 (comma list; default f32)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd->add_option("--kv-dtype", opts->kv_dtypes,
+                  "K/V dtypes: f32, bf16, f16, int8 (comma list; default: the --dtype of each "
+                  "run). Every --dtype is measured with every --kv-dtype.")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)

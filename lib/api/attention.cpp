@@ -44,7 +44,11 @@ void run_fast(const Problem& p, Context& ctx) {
   Context::Impl& c = ContextAccess::impl(ctx);
   Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
-  const FlashKernels& fk = flash_kernels(choose(&ctx));
+  const Choice& choice = choose(&ctx);
+  const FlashKernels& fk = flash_kernels(choice);
+  const bool native_bf16 =
+      choice.target == Target::avx512_bf16 && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16;
+  const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
   Plan pl = make_plan(p, fk.block_rows, fk.block_keys);
   Scratch& call = c.call_scratch.local();
   const Context::Impl::Lease call_lease{c, call};
@@ -65,7 +69,7 @@ void run_fast(const Problem& p, Context& ctx) {
           const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) {
             const TaskTimer timer(rec, t);
-            fk.run_task_f32(p, pl, t, s, timer.log());
+            run_task(p, pl, t, s, timer.log());
           }
         },
         tbb::simple_partitioner());

@@ -46,7 +46,7 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec = nullptr);
 // Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a
 // 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.
 struct TaskScratch {
-  std::size_t qp, qp_stride, s, acc, m, l, rm, kv, total;
+  std::size_t qp, qp_stride, s, pb, acc, m, l, rm, kv, total;
   CPUATTN_ALWAYS_INLINE TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys,
                                     std::int64_t block_keys, std::int64_t dv_padded,
                                     bool keep_packed) {
@@ -56,6 +56,7 @@ struct TaskScratch {
     qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16;  // Qp is [rows][D], D padded
     qp = take(rows * qp_stride);
     s = take(rows * block_keys);
+    pb = take(rows * block_keys / 2);  // the native bf16 kernel's P in bf16 (bf16-inl.h)
     acc = take(rows * dv_padded);
     m = take(rows);
     l = take(rows * 16);  // a vector of partial sums per row (<= 16 f32 lanes)

@@ -20,6 +20,12 @@
 
 namespace cpuattn::detail {
 
+using FlashTaskFn = void (*)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
+
+// The native bf16 task (kernels/flash/flash_bf16.cc): Q, K and V bf16, on a CPU with
+// AVX512-BF16 (target avx512_bf16); block sizes are those of the AVX-512 tables.
+FlashTaskFn native_bf16_flash_task();
+
 struct FlashKernels {
   Target target;
   Simd provider;

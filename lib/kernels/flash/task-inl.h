@@ -47,7 +47,14 @@ inline constexpr int kStreamRows = 8;
 // else packed into one reused slot (decode), so K/V far larger than the caches stream once.
 // With a log (profiling on), the time is split into phases at every step of every key block
 // (one time-stamp read each); without one, each step's check is a predicted branch.
+// The native bf16 pieces (bf16-inl.h); defined only in the avx512_bf16 unit, the one unit that
+// instantiates RunTask with kNative = true.
 template <class O>
+struct NativeBf16;
+
+// kNative: Q, K and V are bf16 and the CPU has AVX512-BF16; the blocks this task packs run on
+// vdpbf16ps (bf16-inl.h), the streamed ones (decode) on the f32 path like every other dtype.
+template <class O, bool kNative = false>
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
              detail::Scratch& scratch, detail::ThreadLog* log) {
   detail::PhaseClock clock(log);
@@ -87,6 +94,10 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   RowMask* rm = reinterpret_cast<RowMask*>(base + ts.rm);
   static_assert(sizeof(RowMask) <= 4 * sizeof(float) && alignof(RowMask) <= 64);
   float* kv = base + ts.kv;
+  auto* pb = reinterpret_cast<std::uint16_t*>(base + ts.pb);
+  // Native layouts, in 32-bit words (bf16 pairs): Qb rows of qs2 words, Pb rows of Nk / 2.
+  const std::int64_t qs2 = (p.D + 1) / 2;
+  const std::int64_t dp2 = qs2;
   std::int64_t packed_blocks = 0;  // with keep_packed: blocks [0, packed_blocks) are ready
 
   const MaskInfo mi{p.mask_kind, p.mask.s[3]};
@@ -98,7 +109,15 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     const int rows = static_cast<int>((pos1 - pos0) * nh);
     // Few rows (decode) and no K/V reuse across query blocks: stream K/V in place.
     const bool stream = !keep_packed && rows <= kStreamRows;
-    PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+    const bool native = kNative && !stream;
+    if constexpr (kNative) {
+      if (native)
+        NativeBf16<O>::PackQ(p, b, h0, nh, pos0, rows, qs2, reinterpret_cast<std::uint16_t*>(qp));
+      else
+        PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+    } else {
+      PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+    }
     // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
     // instead of a horizontal sum per row and block.
     for (int r = 0; r < rows; ++r) {
@@ -131,7 +150,12 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       if (stream) {
         if (!v_in_place) PackV<O>(p, g, b, hk, kb0, nk, vp);
       } else if (first_use) {
-        PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+        if constexpr (kNative) {
+          NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
+          NativeBf16<O>::PackV(p, g.DvP, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(vp));
+        } else {
+          PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+        }
         if (keep_packed) packed_blocks = slot + 1;
       }
       clock.lap(Phase::pack_kv);
@@ -174,6 +198,25 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         clock.lap(Phase::scores);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
         clock.lap(Phase::mask);
+      } else if constexpr (kNative) {
+        for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+          const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
+          const bool masked = c0 + W > clean;
+          for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+            const int R = std::min(O::kScoreRows, rows - r0);
+            const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
+            if (masked) {
+              NativeBf16<O>::template ScoreRows<true>(R, qrows, qs2, dp2, panel, qscale,
+                                                      s + r0 * g.Nk + c0, g.Nk,
+                                                      static_cast<std::int32_t>(c0), rm + r0, mi);
+            } else {
+              NativeBf16<O>::template ScoreRows<false>(R, qrows, qs2, dp2, panel, qscale,
+                                                       s + r0 * g.Nk + c0, g.Nk,
+                                                       static_cast<std::int32_t>(c0), rm + r0, mi);
+            }
+          }
+        }
+        clock.lap(Phase::scores);
       } else {
         for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
           const float* panel = kp + (c0 / W) * g.D * W;
@@ -198,6 +241,25 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       clock.lap(Phase::softmax);
 
       // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
+      if constexpr (kNative) {
+        if (native) {
+          for (int r = 0; r < rows; ++r)
+            NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
+          const std::int64_t nk2 = (nk + 1) / 2, live2 = (nk_live + 1) / 2;
+          for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+            const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+            const auto* vchunk = reinterpret_cast<const std::uint32_t*>(vp) + c0 * nk2;
+            for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
+              const int R = std::min(O::kPvRows, rows - r0);
+              NativeBf16<O>::PvRows(R, static_cast<int>(cw / O::kLanes),
+                                    reinterpret_cast<const std::uint32_t*>(pb + r0 * g.Nk),
+                                    g.Nk / 2, vchunk, cw, live2, acc + r0 * g.DvP + c0, g.DvP);
+            }
+          }
+          clock.lap(Phase::pv);
+          continue;
+        }
+      }
       for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
         const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
         const float* vchunk = vp + c0 * nk;
