@@ -29,6 +29,7 @@ using Json = nlohmann::ordered_json;
 struct Options {
   std::string shape = "P1";
   bool causal = false;
+  std::string dtype = "f32", kv_dtype;  // kv_dtype empty: dtype
   int threads = 0;  // 0: the machine's logical CPUs
   int repeat = 5;
   std::string target = "best";
@@ -41,7 +42,9 @@ int run_profile(const Options& o) {
   const int threads = o.threads > 0
                           ? o.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const Case c = make_case(o.shape, o.causal);
+  const DType qd = parse_dtype(o.dtype, "--dtype", false);
+  const DType kvd = o.kv_dtype.empty() ? qd : parse_dtype(o.kv_dtype, "--kv-dtype", true);
+  const Case c = make_case(o.shape, o.causal, qd, kvd);
   // The case runs in this arena on a context that uses the caller's arena, so that the counters'
   // observer sees every thread that runs it.
   tbb::task_arena arena(threads);
@@ -238,6 +241,11 @@ void add_profile_command(CLI::App& app, int& exit_code) {
       "  cpuattn profile --shape P1 --threads 2\n"
       "  cpuattn profile --shape 1,8,4096,4096,64 --causal --trace p.json\n"
       "  cpuattn profile --shape D2 --json");
+  cmd->add_option("--dtype", opts->dtype, "Q (and out) dtype: f32, bf16, f16 (default f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd->add_option("--kv-dtype", opts->kv_dtype,
+                  "K/V dtype: f32, bf16, f16, int8 (default: --dtype)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
   cmd->add_option("--shape", opts->shape,
                   "Named shape (S1, P1, P2, X1, D1, D2, L1, M1, M2) or B,H,Lq,Lk,D[,Hkv[,Dv]] "
                   "(default P1)");

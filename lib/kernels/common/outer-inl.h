@@ -13,12 +13,15 @@
 #include <cstdint>
 
 #include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
-template <class O, int R, int C>
+// `b` may be of a reduced-precision storage type (TB = Bf16, F16 or int8): each vector is widened
+// as it is loaded (simd/widen-inl.h) and serves all R rows.
+template <class O, int R, int C, class TB = float>
 CPUATTN_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std::int64_t a_k,
-                                    std::int64_t a_r, const float* CPUATTN_RESTRICT b,
+                                    std::int64_t a_r, const TB* CPUATTN_RESTRICT b,
                                     std::int64_t b_stride, std::int64_t K,
                                     typename O::V (&acc)[R][C]) {
   using V = typename O::V;
@@ -26,7 +29,7 @@ CPUATTN_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std::int64_
   for (std::int64_t k = 0; k < K; ++k) {
     V bv[C];
     CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) bv[j] = O::LoadU(b + k * b_stride + j * N);
+    for (int j = 0; j < C; ++j) bv[j] = LoadWide<O>(b + k * b_stride + j * N);
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       const V av = O::Set(a[k * a_k + r * a_r]);

@@ -16,9 +16,11 @@ CPUATTN_NAMESPACE_BEGIN
 
 // Acc[R][0:C vectors] += P[R][0:nk] . Vp chunk [nk][CW]. R * C accumulators in registers; each key
 // costs C loads, R broadcasts and R*C FMAs.
-template <class O, int R, int C>
+// V is f32 (packed, or in place) or, in place for decode, a reduced-precision TV widened as it is
+// loaded.
+template <class O, int R, int C, class TV = float>
 CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
-                           const float* CPUATTN_RESTRICT vp, std::int64_t cw, std::int64_t nk,
+                           const TV* CPUATTN_RESTRICT vp, std::int64_t cw, std::int64_t nk,
                            float* CPUATTN_RESTRICT acc_out, std::int64_t acc_stride) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
@@ -28,7 +30,7 @@ CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_strid
     CPUATTN_UNROLL(16)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Load(acc_out + r * acc_stride + c * N);
   }
-  AccumulateOuter<O, R, C>(p, 1, p_stride, vp, cw, nk, acc);
+  AccumulateOuter<O, R, C, TV>(p, 1, p_stride, vp, cw, nk, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(16)
@@ -36,13 +38,14 @@ CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_strid
   }
 }
 
-template <class O, int C>
-void PvRowsC(int R, const float* p, std::int64_t p_stride, const float* vp, std::int64_t cw,
+template <class O, int C, class TV>
+void PvRowsC(int R, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
              std::int64_t nk, float* acc, std::int64_t acc_stride) {
   switch (R) {
 #define CPUATTN_PV_CASE(n)                                                                    \
   case n:                                                                                     \
-    if constexpr (n <= O::kPvRows) PvTile<O, n, C>(p, p_stride, vp, cw, nk, acc, acc_stride); \
+    if constexpr (n <= O::kPvRows)                                                            \
+      PvTile<O, n, C, TV>(p, p_stride, vp, cw, nk, acc, acc_stride);                          \
     break;
     CPUATTN_PV_CASE(1)
     CPUATTN_PV_CASE(2)
@@ -58,22 +61,22 @@ void PvRowsC(int R, const float* p, std::int64_t p_stride, const float* vp, std:
   }
 }
 
-template <class O>
-void PvRows(int R, int C, const float* p, std::int64_t p_stride, const float* vp, std::int64_t cw,
+template <class O, class TV = float>
+void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
             std::int64_t nk, float* acc, std::int64_t acc_stride) {
   static_assert(O::kPvRows <= 8 && O::kPvCols <= 4, "extend the switches");
   switch (C) {
     case 1:
-      PvRowsC<O, 1>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      PvRowsC<O, 1, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
       break;
     case 2:
-      if constexpr (O::kPvCols >= 2) PvRowsC<O, 2>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 2) PvRowsC<O, 2, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
       break;
     case 3:
-      if constexpr (O::kPvCols >= 3) PvRowsC<O, 3>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 3) PvRowsC<O, 3, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
       break;
     case 4:
-      if constexpr (O::kPvCols >= 4) PvRowsC<O, 4>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 4) PvRowsC<O, 4, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
       break;
     default:
       break;

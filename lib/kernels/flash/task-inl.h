@@ -136,8 +136,8 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       float* kp = kv + slot * g.kv_block_floats();
       float* vp = kp + g.k_block_floats();
       // V is read in place when its rows are whole vectors; otherwise packed (zero-padded).
-      // (Only f32: other dtypes are converted while packing.)
-      const bool v_in_place = stream && g.DvP == g.Dv && p.v.dtype == DType::f32;
+      // Other dtypes are widened in the P V tile as they are loaded (int8's scale goes into P).
+      const bool v_in_place = stream && g.DvP == g.Dv;
       const bool first_use = !keep_packed || slot >= packed_blocks;
       if (first_use) {
         // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
@@ -260,19 +260,37 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
           continue;
         }
       }
+      if (v_in_place) {
+        if (p.v_scale != nullptr) {
+          // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
+          const float* vs =
+              p.v_scale + b * p.v_scale_s[0] + hk * p.v_scale_s[1] + kb0 * p.v_scale_s[2];
+          for (int r = 0; r < rows; ++r)
+            for (std::int64_t j = 0; j < nk_live; ++j) s[r * g.Nk + j] *= vs[j * p.v_scale_s[2]];
+        }
+        detail::with_elem(p.v.dtype, [&](auto t) {
+          using T = decltype(t);
+          const T* V =
+              static_cast<const T*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1] + kb0 * p.v.s[2];
+          for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+            const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+            for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
+              const int R = std::min(O::kPvRows, rows - r0);
+              PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, V + c0,
+                           p.v.s[2], nk_live, acc + r0 * g.DvP + c0, g.DvP);
+            }
+          }
+        });
+        clock.lap(Phase::pv);
+        continue;
+      }
       for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
         const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
         const float* vchunk = vp + c0 * nk;
-        std::int64_t vstride = cw;
-        if (v_in_place) {
-          vchunk = static_cast<const float*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1] +
-                   kb0 * p.v.s[2] + c0;
-          vstride = p.v.s[2];
-        }
         for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
           const int R = std::min(O::kPvRows, rows - r0);
-          PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, vstride,
-                    nk_live, acc + r0 * g.DvP + c0, g.DvP);
+          PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw, nk_live,
+                    acc + r0 * g.DvP + c0, g.DvP);
         }
       }
       clock.lap(Phase::pv);
