@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention_cases.h"
+#include "cpuattn/layers.h"
 #include "test_util.h"
 
 namespace cpuattn::test {
@@ -226,6 +227,170 @@ TEST(Bf16Path, CapSelectsThePath) {
   c.set_max_target(Target::best);
   const bool native = std::string(active_bf16_path(&c)) == "avx512_bf16";
   EXPECT_EQ(native, active_target(&c) == Target::avx512_bf16);
+}
+
+}  // namespace
+}  // namespace cpuattn::test
+
+namespace cpuattn::test {
+namespace {
+
+// A cache of each dtype stores what the conversions say, and attention() reads it directly.
+TEST(KvCacheDtypes, StoresConvertedTokensAndAttentionReadsThem) {
+  const std::int64_t B = 2, Hkv = 2, H = 4, D = 24, Dv = 20, n = 37;
+  const auto k = random_floats(B * Hkv * n * D, 31), v = random_floats(B * Hkv * n * Dv, 32);
+  const auto q = random_floats(B * H * 3 * D, 33);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    KvCache cache(B, Hkv, D, Dv, 8, /*growable=*/true, dt);
+    EXPECT_EQ(cache.dtype(), dt);
+    // Two appends of strided views into k/v, laid out [B, Hkv, n, *]; the second grows the cache.
+    TensorView k1 = f32_view(k.data(), {B, Hkv, 30, D}), v1 = f32_view(v.data(), {B, Hkv, 30, Dv});
+    k1.strides = {Hkv * n * D, n * D, D, 1};
+    v1.strides = {Hkv * n * Dv, n * Dv, Dv, 1};
+    TensorView k2 = k1, v2 = v1;
+    k2.data = k.data() + 30 * D, k2.shape[2] = n - 30;
+    v2.data = v.data() + 30 * Dv, v2.shape[2] = n - 30;
+    cache.append(k1, v1);
+    cache.append(k2, v2);
+    ASSERT_EQ(cache.length(), n);
+    const TensorView kv = cache.keys();
+    EXPECT_EQ(kv.dtype, dt);
+    const auto ks = cache.key_scales();
+    EXPECT_EQ(ks.has_value(), dt == DType::i8);
+    // Every stored element is the conversion of the input.
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hkv; ++h)
+        for (std::int64_t l = 0; l < n; ++l) {
+          const float* src = k.data() + ((b * Hkv + h) * n + l) * D;
+          std::vector<std::int8_t> qrow(D);
+          const float sc = quantize_int8(src, D, qrow.data());
+          for (std::int64_t d = 0; d < D; ++d) {
+            const std::int64_t off = b * kv.strides[0] + h * kv.strides[1] + l * kv.strides[2] + d;
+            const auto* half = static_cast<const std::uint16_t*>(kv.data);
+            switch (dt) {
+              case DType::bf16:
+                ASSERT_EQ(half[off], to_bf16(src[d]));
+                break;
+              case DType::f16:
+                ASSERT_EQ(half[off], to_f16(src[d]));
+                break;
+              case DType::i8: {
+                ASSERT_EQ(static_cast<const std::int8_t*>(kv.data)[off], qrow[d]);
+                const float got_sc = static_cast<const float*>(
+                    ks->data)[b * ks->strides[0] + h * ks->strides[1] + l * ks->strides[2]];
+                ASSERT_EQ(got_sc, sc);
+                break;
+              }
+              default:
+                ASSERT_EQ(static_cast<const float*>(kv.data)[off], src[d]);
+            }
+          }
+        }
+    // attention() on the cache views (decode-style: 3 queries, bottom-right) against the
+    // reference on the same views.
+    std::vector<float> out(B * H * 3 * Dv), want(out.size());
+    AttentionOptions o;
+    o.causal = Causal::bottom_right;
+    o.k_scales = cache.key_scales();
+    o.v_scales = cache.value_scales();
+    attention(f32_view(q.data(), {B, H, 3, D}), cache.keys(), cache.values(),
+              f32_view(out.data(), {B, H, 3, Dv}), o);
+    reference_attention(f32_view(q.data(), {B, H, 3, D}), cache.keys(), cache.values(),
+                        f32_view(want.data(), {B, H, 3, Dv}), o);
+    EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), 1e-5, 0));
+  }
+}
+
+TEST(KvCacheDtypes, BadInput) {
+  expect_error_mentioning([] { KvCache(1, 1, 4, 4, 4, false, DType::i32); }, "dtype int32");
+  KvCache c(1, 1, 4, 4, 4, false, DType::i8);
+  std::vector<float> k(4, 1.0f), v(4, 1.0f);
+  k[2] = std::numeric_limits<float>::quiet_NaN();
+  expect_error_mentioning(
+      [&] {
+        c.append(f32_view(k.data(), {1, 1, 1, 4}), f32_view(v.data(), {1, 1, 1, 4}));
+      },
+      "int8 cache cannot hold");
+  EXPECT_EQ(c.length(), 0);
+  // int8 K without scales, scales with f32 K, K and V of different dtypes.
+  std::vector<std::int8_t> k8(4, 1);
+  std::vector<float> q(4, 1.0f), out(4, 7.0f), sc(1, 0.5f);
+  const TensorView k8v = TensorView::contiguous(k8.data(), DType::i8, {1, 1, 1, 4});
+  expect_error_mentioning(
+      [&] {
+        attention(f32_view(q.data(), {1, 1, 1, 4}), k8v, k8v, f32_view(out.data(), {1, 1, 1, 4}));
+      },
+      "k_scales is missing");
+  AttentionOptions o;
+  o.k_scales = f32_view(sc.data(), {1, 1, 1});
+  expect_error_mentioning(
+      [&] {
+        attention(f32_view(q.data(), {1, 1, 1, 4}), f32_view(v.data(), {1, 1, 1, 4}),
+                  f32_view(v.data(), {1, 1, 1, 4}), f32_view(out.data(), {1, 1, 1, 4}), o);
+      },
+      "k_scales is given but K has dtype float32");
+  expect_error_mentioning(
+      [&] {
+        attention(f32_view(q.data(), {1, 1, 1, 4}), k8v, f32_view(v.data(), {1, 1, 1, 4}),
+                  f32_view(out.data(), {1, 1, 1, 4}), o);
+      },
+      "K and V must share a dtype");
+  std::vector<std::uint16_t> h(5, 0);
+  expect_error_mentioning(
+      [&] {
+        attention(TensorView::contiguous(reinterpret_cast<const char*>(h.data()) + 1, DType::bf16,
+                                         {1, 1, 1, 4}),
+                  f32_view(v.data(), {1, 1, 1, 4}), f32_view(v.data(), {1, 1, 1, 4}),
+                  f32_view(out.data(), {1, 1, 1, 4}));
+      },
+      "not aligned");
+  for (float x : out) EXPECT_EQ(x, 7.0f);  // nothing written
+}
+
+// End-to-end error of a reduced cache against an f32 cache, on a multi-head decode step: max
+// |error| relative to max |V| and cosine similarity of the outputs, on random data and on data with
+// outlier channels (a few dims 20x larger, which stretch int8's per-token scale). Printed, and
+// asserted against bounds the README states.
+TEST(KvCacheDtypes, EndToEndErrorAgainstF32Cache) {
+  const std::int64_t B = 2, H = 8, Hkv = 2, D = 64, L = 1024;
+  for (bool outliers : {false, true}) {
+    auto k = random_floats(B * Hkv * L * D, 41), v = random_floats(B * Hkv * L * D, 42);
+    const auto q = random_floats(B * H * D, 43);
+    if (outliers)
+      for (std::size_t i = 0; i < k.size(); ++i)
+        if (i % D == 3 || i % D == 40) k[i] *= 20, v[i] *= 20;
+    double vmax = 0;
+    for (float x : v) vmax = std::max(vmax, double(std::abs(x)));
+    std::vector<float> ref(B * H * D);
+    AttentionOptions none;
+    KvCache c32(B, Hkv, D, D, L, false, DType::f32);
+    c32.append(f32_view(k.data(), {B, Hkv, L, D}), f32_view(v.data(), {B, Hkv, L, D}));
+    attention(f32_view(q.data(), {B, H, 1, D}), c32.keys(), c32.values(),
+              f32_view(ref.data(), {B, H, 1, D}));
+    for (DType dt : {DType::bf16, DType::f16, DType::i8}) {
+      KvCache c(B, Hkv, D, D, L, false, dt);
+      c.append(f32_view(k.data(), {B, Hkv, L, D}), f32_view(v.data(), {B, Hkv, L, D}));
+      std::vector<float> got(ref.size());
+      AttentionOptions o;
+      o.k_scales = c.key_scales();
+      o.v_scales = c.value_scales();
+      attention(f32_view(q.data(), {B, H, 1, D}), c.keys(), c.values(),
+                f32_view(got.data(), {B, H, 1, D}), o);
+      double err = 0, dot = 0, n1 = 0, n2 = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::abs(double(got[i]) - ref[i]));
+        dot += double(got[i]) * ref[i];
+        n1 += double(got[i]) * got[i];
+        n2 += double(ref[i]) * ref[i];
+      }
+      const double rel = err / vmax, cos = dot / std::sqrt(n1 * n2);
+      std::printf("[ cache %-8s %s ] max |err| / max |V| = %.2e, cosine = %.7f\n", dtype_name(dt),
+                  outliers ? "outliers" : "random  ", rel, cos);
+      EXPECT_LT(rel, dt == DType::i8 ? 2e-2 : dt == DType::bf16 ? 1e-2 : 2e-3);
+      EXPECT_GT(cos, dt == DType::i8 ? 0.999 : 0.9999);
+    }
+  }
 }
 
 }  // namespace

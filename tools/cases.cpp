@@ -194,7 +194,7 @@ std::shared_ptr<MultiHeadAttention> bench_layer() {
 
 }  // namespace
 
-std::optional<Case> layer_case(const std::string& name, [[maybe_unused]] DType kv_dtype) {
+std::optional<Case> layer_case(const std::string& name, DType kv_dtype) {
   if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
     const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
     auto x = std::make_shared<std::vector<float>>(M * K);
@@ -223,7 +223,7 @@ std::optional<Case> layer_case(const std::string& name, [[maybe_unused]] DType k
   if (name == "M2") {  // one new token per sequence, 8 sequences, 4096 cached tokens each
     const std::int64_t B = 8;
     auto layer = bench_layer();
-    auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1));
+    auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1, false, kv_dtype));
     // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
     // back, so every run attends to 4097 tokens.
     std::vector<float> kv(B * kHeads * kTokens * (kDm / kHeads));
@@ -235,7 +235,9 @@ std::optional<Case> layer_case(const std::string& name, [[maybe_unused]] DType k
     fill(*x, 13);
     const double proj = 2.0 * B * kDm * kDm * 4;
     const double attn = 4.0 * B * kHeads * (kTokens + 1) * (kDm / kHeads);
-    const double bytes = 4.0 * (4 * kDm * kDm + 2.0 * B * (kTokens + 1) * kDm);
+    const double bytes = 4.0 * 4 * kDm * kDm + (double(dtype_size(kv_dtype)) * kDm +
+                                                (kv_dtype == DType::i8 ? 4.0 * kHeads : 0.0)) *
+                                                   2.0 * B * (kTokens + 1);
     return Case{
         "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {
           layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,

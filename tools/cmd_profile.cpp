@@ -30,7 +30,7 @@ struct Options {
   std::string shape = "P1";
   bool causal = false;
   std::string dtype = "f32", kv_dtype;  // kv_dtype empty: dtype
-  int threads = 0;  // 0: the machine's logical CPUs
+  int threads = 0;                      // 0: the machine's logical CPUs
   int repeat = 5;
   std::string target = "best";
   std::string simd;

@@ -51,16 +51,20 @@ class Linear {
   std::shared_ptr<const detail::PackedMatrix> m_;
 };
 
-// The keys and values of past tokens for incremental decoding, owned, f32:
-// keys [batch, kv_heads, capacity, head_dim], values [batch, kv_heads, capacity, value_dim].
+// The keys and values of past tokens for incremental decoding, owned:
+// keys [batch, kv_heads, capacity, head_dim], values [batch, kv_heads, capacity, value_dim],
+// stored as f32, bf16, f16 (rounded to nearest even) or int8 (symmetric, one f32 scale per token
+// of each K/V head: quantize_int8). bf16/f16 halve the bytes a decode step reads, int8 quarters
+// them; attention() and MultiHeadAttention::decode read the stored dtype directly.
 // One length for the whole batch (use one cache per sequence for ragged batches, or key_lengths).
 class KvCache {
  public:
   // growable = false: appending beyond `capacity` throws Error and changes nothing.
   // growable = true: such an append first doubles the capacity (or more, to fit), copying the
   // cached tokens once; reserve() grows ahead of time.
+  // dtype: f32, bf16, f16 or i8; anything else is an Error.
   KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
-          std::int64_t capacity, bool growable = false);
+          std::int64_t capacity, bool growable = false, DType dtype = DType::f32);
   ~KvCache();
   KvCache(KvCache&&) noexcept;
   KvCache& operator=(KvCache&&) noexcept;
@@ -72,6 +76,7 @@ class KvCache {
   std::int64_t length() const;
   std::int64_t capacity() const;
   bool growable() const;
+  DType dtype() const;
 
   // Grows to at least `capacity` tokens (keeps the contents). Throws Error on a fixed cache.
   void reserve(std::int64_t capacity);
@@ -79,11 +84,17 @@ class KvCache {
   void clear();
   // Keeps the first `length` tokens (<= length()): rolls back rejected speculative tokens.
   void truncate(std::int64_t length);
-  // Appends n tokens: k f32 [batch, kv_heads, n, head_dim], v [batch, kv_heads, n, value_dim].
+  // Appends n tokens: k [batch, kv_heads, n, head_dim], v [batch, kv_heads, n, value_dim], f32,
+  // bf16 or f16, converted to the cache's dtype. An int8 cache rejects non-finite values (Error,
+  // nothing stored).
   void append(const TensorView& k, const TensorView& v);
-  // The cached tokens: [batch, kv_heads, length, head_dim] and [.., value_dim].
+  // The cached tokens in the stored dtype: [batch, kv_heads, length, head_dim] and
+  // [.., value_dim]; for int8 also their scales, f32 [batch, kv_heads, length] (std::nullopt for
+  // other dtypes). Pass them as AttentionOptions::k_scales / v_scales.
   TensorView keys() const;
   TensorView values() const;
+  std::optional<TensorView> key_scales() const;
+  std::optional<TensorView> value_scales() const;
 
   struct Storage;
 
@@ -138,7 +149,8 @@ class MultiHeadAttention {
   void decode(const TensorView& x, KvCache& cache, const OutputView& out,
               const AttentionOptions& opts = {}, Context* context = nullptr) const;
   // A cache shaped for this layer.
-  KvCache make_cache(std::int64_t batch, std::int64_t capacity, bool growable = false) const;
+  KvCache make_cache(std::int64_t batch, std::int64_t capacity, bool growable = false,
+                     DType dtype = DType::f32) const;
 
   struct Impl;
 

@@ -8,6 +8,7 @@
 #include "api/call_scope.h"
 #include "api/checks.h"
 #include "api/context_impl.h"
+#include "core/dtypes.h"
 #include "core/problem.h"
 #include "cpuattn/layers.h"
 
@@ -37,6 +38,18 @@ void describe(detail::CallScope& scope, const std::string& inputs, const MhaConf
 void check_f32(const char* name, const TensorView& t, int rank) {
   detail::check_view(name, t, rank, rank);
   detail::check_dtype(name, t, false);
+  detail::extent_of(name, t);
+}
+
+// Tokens appended to a cache: f32, bf16 or f16 (converted to the cache's dtype).
+void check_input(const char* name, const TensorView& t, int rank) {
+  detail::check_view(name, t, rank, rank);
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16) {
+    fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(t.dtype) +
+         "; expected float32, bfloat16 or float16");
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    fail(std::string(name) + " " + shape_str(t) + ": data is not aligned to its elements");
   detail::extent_of(name, t);
 }
 
@@ -70,7 +83,12 @@ constexpr std::int64_t kMaxFloats = std::int64_t{1} << 40;  // 4 TiB of K or of 
 struct KvCache::Storage {
   std::int64_t B, Hkv, D, Dv, capacity, length = 0;
   bool growable;
-  std::vector<float> k, v;  // [B, Hkv, capacity, D] and [.., Dv]
+  DType dtype;
+  // [B, Hkv, capacity, D] and [.., Dv] elements of `dtype`, as bytes; with int8, one f32 scale
+  // per token of each K/V head, [B, Hkv, capacity] (quantize_int8).
+  std::vector<std::uint8_t> k, v;
+  std::vector<float> k_scale, v_scale;
+  std::int64_t esize() const { return static_cast<std::int64_t>(dtype_size(dtype)); }
 
   std::string dims() const {
     return "batch=" + std::to_string(B) + ", kv_heads=" + std::to_string(Hkv) +
@@ -85,14 +103,25 @@ struct KvCache::Storage {
       fail("KvCache: capacity " + std::to_string(cap) + " is too large for " + dims() +
            " (at most " + std::to_string(max_capacity()) + " tokens)");
     }
-    std::vector<float> nk(static_cast<std::size_t>(B * Hkv * cap * D));
-    std::vector<float> nv(static_cast<std::size_t>(B * Hkv * cap * Dv));
+    const std::int64_t e = esize();
+    std::vector<std::uint8_t> nk(static_cast<std::size_t>(B * Hkv * cap * D * e));
+    std::vector<std::uint8_t> nv(static_cast<std::size_t>(B * Hkv * cap * Dv * e));
+    const bool scaled = dtype == DType::i8;
+    std::vector<float> nks(scaled ? static_cast<std::size_t>(B * Hkv * cap) : 0);
+    std::vector<float> nvs(nks.size());
     for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
-      std::copy_n(k.begin() + bh * capacity * D, length * D, nk.begin() + bh * cap * D);
-      std::copy_n(v.begin() + bh * capacity * Dv, length * Dv, nv.begin() + bh * cap * Dv);
+      std::copy_n(k.begin() + bh * capacity * D * e, length * D * e, nk.begin() + bh * cap * D * e);
+      std::copy_n(v.begin() + bh * capacity * Dv * e, length * Dv * e,
+                  nv.begin() + bh * cap * Dv * e);
+      if (scaled) {
+        std::copy_n(k_scale.begin() + bh * capacity, length, nks.begin() + bh * cap);
+        std::copy_n(v_scale.begin() + bh * capacity, length, nvs.begin() + bh * cap);
+      }
     }
     k.swap(nk);
     v.swap(nv);
+    k_scale.swap(nks);
+    v_scale.swap(nvs);
     capacity = cap;
   }
 
@@ -115,24 +144,63 @@ struct KvCache::Storage {
     grow_to(std::max(std::min(2 * capacity, limit), length + n));
   }
 
-  // Copies token rows [B, Hkv, n, width] (strides over b, h, l) to positions length.. of `dst`.
-  void store(const TensorView& t, std::vector<float>& dst, std::int64_t width) {
-    const auto* src = static_cast<const float*>(t.data);
-    const std::int64_t n = t.shape[2];
+  // An int8 cache holds finite values only: checked for every row before anything is stored.
+  void check_storable(const TensorView& t, const char* name) const {
+    if (dtype != DType::i8) return;
+    const std::int64_t n = t.shape[2], width = t.shape[3];
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hkv; ++h)
+        for (std::int64_t l = 0; l < n; ++l)
+          for (std::int64_t d = 0; d < width; ++d) {
+            const float x = detail::load_as_float(
+                t.data, t.dtype, b * t.strides[0] + h * t.strides[1] + l * t.strides[2] + d);
+            if (!std::isfinite(x)) {
+              fail(std::string("KvCache: ") + name + "[" + std::to_string(b) + "," +
+                   std::to_string(h) + "," + std::to_string(l) + "," + std::to_string(d) + "] is " +
+                   std::to_string(x) + ", which an int8 cache cannot hold");
+            }
+          }
+  }
+
+  // Converts token rows [B, Hkv, n, width] (f32, bf16 or f16; strides over b, h, l) to the
+  // cache's dtype at positions length.. of `dst` (int8: quantized per row, scale in `scale`).
+  void store(const TensorView& t, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
+             std::int64_t width) {
+    const std::int64_t n = t.shape[2], e = esize();
+    std::vector<float> row(static_cast<std::size_t>(width));
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < Hkv; ++h) {
         for (std::int64_t l = 0; l < n; ++l) {
-          std::memcpy(&dst[((b * Hkv + h) * capacity + length + l) * width],
-                      src + b * t.strides[0] + h * t.strides[1] + l * t.strides[2],
-                      sizeof(float) * width);
+          const std::int64_t src = b * t.strides[0] + h * t.strides[1] + l * t.strides[2];
+          const std::int64_t tok = (b * Hkv + h) * capacity + length + l;
+          std::uint8_t* out = dst.data() + tok * width * e;
+          if (t.dtype == dtype) {
+            std::memcpy(out, static_cast<const std::uint8_t*>(t.data) + src * e,
+                        static_cast<std::size_t>(width * e));
+            continue;
+          }
+          for (std::int64_t d = 0; d < width; ++d)
+            row[d] = detail::load_as_float(t.data, t.dtype, src + d);
+          if (dtype == DType::i8) {
+            scale[tok] = quantize_int8(row.data(), width, reinterpret_cast<std::int8_t*>(out));
+          } else {
+            for (std::int64_t d = 0; d < width; ++d) detail::store_float(out, dtype, d, row[d]);
+          }
         }
       }
     }
   }
 
-  TensorView view(const std::vector<float>& buf, std::int64_t width, std::int64_t len) const {
-    TensorView t = f32_view(buf.data(), {B, Hkv, len, width});
+  TensorView view(const std::vector<std::uint8_t>& buf, std::int64_t width,
+                  std::int64_t len) const {
+    TensorView t = TensorView::contiguous(buf.data(), dtype, {B, Hkv, len, width});
     t.strides = {Hkv * capacity * width, capacity * width, width, 1};
+    return t;
+  }
+  std::optional<TensorView> scales(const std::vector<float>& buf, std::int64_t len) const {
+    if (dtype != DType::i8) return std::nullopt;
+    TensorView t = f32_view(buf.data(), {B, Hkv, len});
+    t.strides = {Hkv * capacity, capacity, 1};
     return t;
   }
 };
@@ -147,7 +215,11 @@ KvCache::Storage& live(const std::unique_ptr<KvCache::Storage>& s, const char* w
 }  // namespace
 
 KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
-                 std::int64_t value_dim, std::int64_t capacity, bool growable) {
+                 std::int64_t value_dim, std::int64_t capacity, bool growable, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8) {
+    fail(std::string("KvCache: dtype ") + dtype_name(dtype) +
+         " is not a cache dtype (float32, bfloat16, float16 or int8)");
+  }
   const std::string dims =
       "batch=" + std::to_string(batch) + ", kv_heads=" + std::to_string(kv_heads) +
       ", head_dim=" + std::to_string(head_dim) + ", value_dim=" + std::to_string(value_dim) +
@@ -162,7 +234,7 @@ KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_di
     fail("KvCache: too large (" + dims + "; at most 2^40 floats of K or of V)");
   }
   s_ = std::make_unique<Storage>(
-      Storage{batch, kv_heads, head_dim, value_dim, 0, 0, growable, {}, {}});
+      Storage{batch, kv_heads, head_dim, value_dim, 0, 0, growable, dtype, {}, {}, {}, {}});
   s_->grow_to(capacity);
 }
 
@@ -177,6 +249,7 @@ std::int64_t KvCache::value_dim() const { return live(s_, "value_dim").Dv; }
 std::int64_t KvCache::length() const { return live(s_, "length").length; }
 std::int64_t KvCache::capacity() const { return live(s_, "capacity").capacity; }
 bool KvCache::growable() const { return live(s_, "growable").growable; }
+DType KvCache::dtype() const { return live(s_, "dtype").dtype; }
 
 void KvCache::reserve(std::int64_t capacity) {
   Storage& s = live(s_, "reserve");
@@ -201,17 +274,19 @@ void KvCache::truncate(std::int64_t length) {
 
 void KvCache::append(const TensorView& k, const TensorView& v) {
   Storage& s = live(s_, "append");
-  check_f32("k", k, 4);
-  check_f32("v", v, 4);
+  check_input("k", k, 4);
+  check_input("v", v, 4);
   const std::int64_t n = k.shape[2];
   if (k.shape[0] != s.B || k.shape[1] != s.Hkv || k.shape[3] != s.D || v.shape[0] != s.B ||
       v.shape[1] != s.Hkv || v.shape[2] != n || v.shape[3] != s.Dv) {
     fail("KvCache::append: k " + shape_str(k) + " and v " + shape_str(v) + " must be " +
          dims_str({s.B, s.Hkv, n, s.D}) + " and " + dims_str({s.B, s.Hkv, n, s.Dv}));
   }
+  s.check_storable(k, "k");
+  s.check_storable(v, "v");
   s.make_room(n);
-  s.store(k, s.k, s.D);
-  s.store(v, s.v, s.Dv);
+  s.store(k, s.k, s.k_scale, s.D);
+  s.store(v, s.v, s.v_scale, s.Dv);
   s.length += n;
 }
 
@@ -222,6 +297,14 @@ TensorView KvCache::keys() const {
 TensorView KvCache::values() const {
   const Storage& s = live(s_, "values");
   return s.view(s.v, s.Dv, s.length);
+}
+std::optional<TensorView> KvCache::key_scales() const {
+  const Storage& s = live(s_, "key_scales");
+  return s.scales(s.k_scale, s.length);
+}
+std::optional<TensorView> KvCache::value_scales() const {
+  const Storage& s = live(s_, "value_scales");
+  return s.scales(s.v_scale, s.length);
 }
 
 // ------------------------------------------------------------------------ MultiHeadAttention
@@ -329,10 +412,10 @@ MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept
 
 const MhaConfig& MultiHeadAttention::config() const { return live(impl_, "config").cfg; }
 
-KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity,
-                                       bool growable) const {
+KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity, bool growable,
+                                       DType dtype) const {
   const MhaConfig& c = live(impl_, "make_cache").cfg;
-  return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable);
+  return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable, dtype);
 }
 
 void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
@@ -420,6 +503,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
   // Validated against the cache as it will be once this step's tokens are stored (the views
   // cache.keys() / values() return then): once, before anything changes.
+  opts.k_scales = s.scales(s.k_scale, len);
+  opts.v_scales = s.scales(s.v_scale, len);
   const detail::Problem problem =
       detail::validate(q, s.view(s.k, s.D, len), s.view(s.v, s.Dv, len), a, opts, false);
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
@@ -427,8 +512,12 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
   m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);
   m.wv.forward(x, f32_view(buf.v, {B, n, c.kv_heads * c.value_dim}), &ctx);
-  s.store(Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim), s.k, s.D);
-  s.store(Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim), s.v, s.Dv);
+  const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
+  const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
+  s.check_storable(new_k, "k (projected from x)");
+  s.check_storable(new_v, "v (projected from x)");
+  s.store(new_k, s.k, s.k_scale, s.D);
+  s.store(new_v, s.v, s.v_scale, s.Dv);
   s.length = len;
   detail::run_attention(problem, ctx);
   m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,

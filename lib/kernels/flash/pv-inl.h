@@ -42,10 +42,9 @@ template <class O, int C, class TV>
 void PvRowsC(int R, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
              std::int64_t nk, float* acc, std::int64_t acc_stride) {
   switch (R) {
-#define CPUATTN_PV_CASE(n)                                                                    \
-  case n:                                                                                     \
-    if constexpr (n <= O::kPvRows)                                                            \
-      PvTile<O, n, C, TV>(p, p_stride, vp, cw, nk, acc, acc_stride);                          \
+#define CPUATTN_PV_CASE(n)                                                                        \
+  case n:                                                                                         \
+    if constexpr (n <= O::kPvRows) PvTile<O, n, C, TV>(p, p_stride, vp, cw, nk, acc, acc_stride); \
     break;
     CPUATTN_PV_CASE(1)
     CPUATTN_PV_CASE(2)
