@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -464,6 +466,48 @@ TEST_F(Cli, BenchNamesTheSimdProviderOfEachRecord) {
   const Result bad = run("bench --shape 1,2,8,8,16 --simd neon");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.err.find("--simd"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+
+namespace {
+
+// --dtype rounds Q, K and V once and computes from them; float16 files ('<f2') are read as such.
+// The fast path is compared with --reference on the same rounded values (bound: README,
+// "Reduced precision").
+TEST_F(Cli, ReducedPrecisionDtypes) {
+  const std::int64_t B = 2, L = 9, D = 16;
+  std::vector<double> qv, kv, vv;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (std::int64_t i = 0; i < B * L * D; ++i)
+    qv.push_back(u(rng)), kv.push_back(u(rng)), vv.push_back(u(rng));
+  put("q.npy", make({B, L, D}, qv));
+  put("k.npy", make({B, L, D}, kv));
+  put("v.npy", make({B, L, D}, vv));
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy --mask causal";
+  for (const char* dt : {"bf16", "f16"}) {
+    SCOPED_TRACE(dt);
+    const npy::Array ref = run_ok(qkv + " --reference --dtype " + dt);
+    const auto want = npy::values<float>(ref);
+    expect_values(run_ok(qkv + " --dtype " + dt), {B, L, D},
+                  std::vector<double>(want.begin(), want.end()), 0, std::ldexp(1.0, -8) + 1e-5);
+  }
+  // The same values as float16 files: computed as f16 without --dtype, and equal to --dtype f16.
+  for (const char* name : {"q", "k", "v"}) {
+    npy::Array a = get(std::string(name) + ".npy");
+    npy::Array h = npy::zeros(DType::f16, a.shape);
+    const auto f = npy::values<float>(a);
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const std::uint16_t bits = cpuattn::to_f16(f[i]);
+      std::memcpy(h.data.data() + 2 * i, &bits, 2);
+    }
+    put(std::string(name) + "16.npy", h);
+  }
+  const auto via_flag = npy::values<float>(run_ok(qkv + " --dtype f16"));
+  expect_values(run_ok("--q q16.npy --k k16.npy --v v16.npy --out out.npy --mask causal"),
+                {B, L, D}, std::vector<double>(via_flag.begin(), via_flag.end()), 0, 0);
+  run_bad(qkv + " --dtype int8");
 }
 
 }  // namespace

@@ -329,7 +329,7 @@ TEST(NpyReject, WrongKeys) {
 }
 
 TEST(NpyReject, UnsupportedDescrIsNamed) {
-  expect_error(build(dict("<f2", "False", "(2,)"), Bytes(4, 0)), "unsupported dtype '<f2'");
+  expect_error(build(dict("<u2", "False", "(2,)"), Bytes(4, 0)), "unsupported dtype '<u2'");
   expect_error(build(dict("<u4", "False", "(1,)"), Bytes(4, 0)), "unsupported dtype '<u4'");
   expect_error(build(dict("<c8", "False", "(1,)"), Bytes(8, 0)), "unsupported dtype '<c8'");
   expect_error(build(dict("|O", "False", "(1,)"), Bytes(8, 0)), "unsupported dtype '|O'");

@@ -67,7 +67,8 @@ TEST(Validate, NullPointers) {
 }
 
 TEST(Validate, DTypeAndRank) {
-  expect_error([](Args& a) { a.kv.dtype = DType::bf16; }, {"K [2,2,5,8]", "bfloat16", "float32"});
+  expect_error([](Args& a) { a.kv.dtype = DType::i32; }, {"K [2,2,5,8]", "int32", "float32"});
+  expect_error([](Args& a) { a.qv.dtype = DType::i8; }, {"Q [2,4,3,8]", "int8", "bfloat16"});
   expect_error([](Args& a) { a.qv.rank = 3; }, {"Q must have rank 4", "rank 3"});
 }
 

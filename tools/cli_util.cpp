@@ -59,10 +59,11 @@ bool path_exists(const std::string& path) {
 }
 
 npy::Array load_float(const char* what, const std::string& path, int min_rank, int max_rank,
-                      const std::string& expected, bool keep_f64) {
+                      const std::string& expected, bool keep_f64, bool keep_f16) {
   npy::Array a = npy::read(path);
-  if (a.dtype != DType::f32 && a.dtype != DType::f64) {
-    fail(named(what, path) + " has dtype " + dtype_name(a.dtype) + "; expected float32 or float64");
+  if (a.dtype != DType::f32 && a.dtype != DType::f64 && a.dtype != DType::f16) {
+    fail(named(what, path) + " has dtype " + dtype_name(a.dtype) +
+         "; expected float32, float64 or float16");
   }
   if (a.rank() < min_rank || a.rank() > max_rank) {
     fail(named(what, path) + " has shape " + npy::shape_str(a.shape) + "; expected " + expected);
@@ -73,7 +74,9 @@ npy::Array load_float(const char* what, const std::string& path, int min_rank, i
            "; every dimension must be at least 1");
     }
   }
-  if (a.dtype == DType::f64 && !keep_f64) a = npy::to_f32(a);
+  // float16 stays float16 only where the caller keeps reduced precision (cpuattn run).
+  if ((a.dtype == DType::f64 && !keep_f64) || (a.dtype == DType::f16 && !keep_f16))
+    a = npy::to_f32(a);
   return a;
 }
 

@@ -43,7 +43,7 @@ bool path_exists(const std::string& path);
 // describes the accepted shapes for the message (e.g. "rank 2 [L, D] or 3 [B, L, D]").
 // Converted to float32 unless `keep_f64`.
 npy::Array load_float(const char* what, const std::string& path, int min_rank, int max_rank,
-                      const std::string& expected, bool keep_f64 = false);
+                      const std::string& expected, bool keep_f64 = false, bool keep_f16 = false);
 
 // Reads a mask file: bool, or float32/float64 (converted to float32), broadcastable (NumPy rules)
 // to `scores` (the scores' shape in the inputs' rank, `scores_desc` names it for messages). The

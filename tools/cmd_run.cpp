@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,7 @@ struct RunArgs {
   int threads = 0;
   std::string simd;
   bool reference = false;
+  std::string dtype;  // "", f32, bf16, f16: the dtype Q, K and V are converted to
   // Set after parsing: whether the option was given.
   CLI::Option* scale_opt = nullptr;
   CLI::Option* temperature_opt = nullptr;
@@ -123,9 +125,40 @@ void run_sdpa(const RunArgs& a) {
 
   // ---- Inputs.
   const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
-  const npy::Array q = load_float("Q", a.q, 2, 4, qkv_shapes, a.reference);
-  const npy::Array k = load_float("K", a.k, 2, 4, qkv_shapes, a.reference);
-  const npy::Array v = load_float("V", a.v, 2, 4, qkv_shapes, a.reference);
+  npy::Array q = load_float("Q", a.q, 2, 4, qkv_shapes, a.reference, true);
+  npy::Array k = load_float("K", a.k, 2, 4, qkv_shapes, a.reference, true);
+  npy::Array v = load_float("V", a.v, 2, 4, qkv_shapes, a.reference, true);
+  // The compute dtype: --dtype, else float16 when Q, K and V all are, else float32 (float64 with
+  // --reference). Reduced-precision inputs are rounded to nearest even once, here.
+  DType compute = DType::f32;
+  if (!a.dtype.empty()) {
+    compute = a.dtype == "bf16" ? DType::bf16 : a.dtype == "f16" ? DType::f16 : DType::f32;
+  } else if (q.dtype == DType::f16 && k.dtype == DType::f16 && v.dtype == DType::f16) {
+    compute = DType::f16;
+  }
+  std::vector<std::uint16_t> half_q, half_k, half_v;
+  const auto narrow = [&](npy::Array& arr, std::vector<std::uint16_t>& half) {
+    if (compute == DType::f32) {
+      if (arr.dtype == DType::f16) arr = npy::to_f32(arr);
+      return;
+    }
+    if (arr.dtype == DType::f16 && compute == DType::f16) {
+      half.resize(arr.data.size() / 2);
+      std::memcpy(half.data(), arr.data.data(), arr.data.size());
+    } else {
+      const npy::Array f = npy::to_f32(arr);
+      half.resize(f.data.size() / 4);
+      for (std::size_t i = 0; i < half.size(); ++i) {
+        float x;
+        std::memcpy(&x, f.data.data() + i * 4, 4);
+        half[i] = compute == DType::bf16 ? to_bf16(x) : to_f16(x);
+      }
+    }
+    arr = npy::to_f32(arr);  // shapes and strides for the views below; data from `half`
+  };
+  narrow(q, half_q);
+  narrow(k, half_k);
+  narrow(v, half_v);
   const int rank = q.rank();
   if (k.rank() != rank || v.rank() != rank) {
     fail("Q, K and V must have the same rank; got Q " + npy::shape_str(q.shape) + ", K " +
@@ -158,9 +191,15 @@ void run_sdpa(const RunArgs& a) {
     opts.weights = as_bhlx(npy::output_view(weights));
   }
 
-  const TensorView qv = as_bhlx(npy::input_view(q));
-  const TensorView kv = as_bhlx(npy::input_view(k));
-  const TensorView vv = as_bhlx(npy::input_view(v));
+  TensorView qv = as_bhlx(npy::input_view(q));
+  TensorView kv = as_bhlx(npy::input_view(k));
+  TensorView vv = as_bhlx(npy::input_view(v));
+  if (compute != DType::f32) {
+    // Same shapes and element strides; the elements are the rounded 16-bit values.
+    qv.data = half_q.data(), qv.dtype = compute;
+    kv.data = half_k.data(), kv.dtype = compute;
+    vv.data = half_v.data(), vv.dtype = compute;
+  }
   const OutputView ov = as_bhlx(npy::output_view(out));
   if (a.reference) {
     if (a.threads > 0) {
@@ -389,6 +428,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->type_name("W.npy");
   add_threads_option(*cmd, args->threads);
   add_simd_option(*cmd, args->simd);
+  only(cmd->add_option("--dtype", args->dtype,
+                       "sdpa: round Q, K and V to this dtype (nearest even) and compute with it: "
+                       "f32, bf16 or f16 (default: f16 when all three files are '<f2', else f32); "
+                       "outputs stay float32")
+           ->check(CLI::IsMember({"f32", "bf16", "f16"})),
+       kSdpa);
   only(cmd->add_flag("--reference", args->reference,
                      "sdpa: use the slow double-precision reference implementation instead of "
                      "the fast path (float64 inputs are used as is)"),
@@ -396,8 +441,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->footer(
       "sdpa: Q, K and V have the same rank: 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]. With rank 4, "
       "K and V may have fewer heads than Q (grouped-query attention). V's last dimension Dv may "
-      "differ from D. Inputs are float32 or float64; the fast path computes in float32, "
-      "--reference in float64. Outputs are float32 and keep Q's rank.\n"
+      "differ from D. Inputs are float32, float64 or float16 ('<f2'); the fast path computes in "
+      "float32 (or from bf16/f16 inputs with --dtype), --reference in float64. Outputs are float32 "
+      "and keep Q's rank.\n"
       "additive, multiplicative: H and S have rank 3 [B, L, F] or 2 [L, F] (one batch; outputs "
       "then have no batch axis either). float64 inputs are converted to float32.\n"
       "Options of one kind given with another are an error.\n"

@@ -59,7 +59,8 @@ std::string quoted(std::string_view s, std::size_t max_len = 40) {
 }
 
 std::string supported_list() {
-  return "'<f4' (float32), '<f8' (float64), '|b1' (bool), '<i4' (int32), '<i8' (int64)";
+  return "'<f4' (float32), '<f8' (float64), '<f2' (float16), '|b1' (bool), '<i4' (int32), "
+         "'<i8' (int64)";
 }
 
 // Product of the dimensions, each counted as at least 1 (so that every stride of a C-order view
@@ -250,6 +251,7 @@ class HeaderParser {
 DType dtype_from_descr(std::string_view d) {
   if (d == "<f4") return DType::f32;
   if (d == "<f8") return DType::f64;
+  if (d == "<f2") return DType::f16;
   if (d == "|b1") return DType::boolean;
   if (d == "<i4") return DType::i32;
   if (d == "<i8") return DType::i64;
@@ -371,6 +373,7 @@ std::size_t element_size(DType dtype) {
   switch (dtype) {
     case DType::f32:
     case DType::f64:
+    case DType::f16:
     case DType::boolean:
     case DType::i32:
     case DType::i64:
@@ -386,6 +389,8 @@ const char* descr(DType dtype) {
       return "<f4";
     case DType::f64:
       return "<f8";
+    case DType::f16:
+      return "<f2";
     case DType::boolean:
       return "|b1";
     case DType::i32:
@@ -430,6 +435,18 @@ Array zeros(DType dtype, std::vector<std::int64_t> shape) {
 
 Array to_f32(const Array& a) {
   if (a.dtype == DType::f32) return a;
+  if (a.dtype == DType::f16) {
+    Array out = zeros(DType::f32, a.shape);
+    const std::size_t n = out.data.size() / sizeof(float);
+    if (a.data.size() != n * 2) fail("array data does not match its shape");
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, a.data.data() + i * 2, 2);
+      const float f = from_f16(h);
+      std::memcpy(out.data.data() + i * sizeof(float), &f, sizeof f);
+    }
+    return out;
+  }
   if (a.dtype != DType::f64) {
     fail(std::string("cannot convert dtype ") + descr(a.dtype) + " to float32");
   }
