@@ -399,6 +399,15 @@ TEST_F(CliMha, CausalEqualsIncrementalDecoding) {
   expect_values(get("w.npy"), {H, L, L}, ref2.weights, 1e-4, 1e-6);
   expect_values(run_ok(layer2 + " --decode-steps 1"), {L, Dm}, ref2.out, 1e-4, 1e-5);
   expect_values(run_ok(layer2 + " --decode-steps 2"), {L, Dm}, ref2.out, 1e-4, 1e-5);
+  // Reduced-precision caches: the cached K/V are rounded (bf16: 2^-8 relative, int8: 1/254 of a
+  // token's largest value), so the output moves by about that much.
+  expect_values(run_ok(layer2 + " --decode-steps 2 --cache-dtype f16"), {L, Dm}, ref2.out, 2e-3,
+                2e-3);
+  expect_values(run_ok(layer2 + " --decode-steps 1 --cache-dtype bf16"), {L, Dm}, ref2.out, 2e-2,
+                2e-2);
+  expect_values(run_ok(layer2 + " --decode-steps 3 --cache-dtype int8"), {L, Dm}, ref2.out, 3e-2,
+                3e-2);
+  run_bad(layer2 + " --cache-dtype bf16");
 }
 
 TEST_F(CliMha, CrossAttention) {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cases.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
@@ -25,6 +26,7 @@ namespace {
 struct MhaArgs {
   std::string x, xkv, wq, wk, wv, wo, bq, bk, bv, bo, key_lengths, out, weights;
   std::int64_t heads = 0, kv_heads = 0, decode_steps = 0;
+  std::string cache_dtype = "f32";
   bool causal = false;
   int threads = 0;
   std::string simd;
@@ -50,7 +52,7 @@ View rows(View t, std::int64_t start, std::int64_t n) {
 // [B, H, L, L] get each step's rows [.., n, cached length] (the rest stays 0, as causal).
 void decode_all(const MultiHeadAttention& mha, const TensorView& x, const OutputView& out,
                 const npy::Array* key_lengths, const std::optional<OutputView>& weights,
-                std::int64_t steps, Context* context) {
+                std::int64_t steps, DType cache_dtype, Context* context) {
   const std::int64_t B = x.shape[0], L = x.shape[1];
   std::vector<std::int64_t> lengths, clamped(static_cast<std::size_t>(B));
   if (key_lengths != nullptr) {
@@ -62,7 +64,7 @@ void decode_all(const MultiHeadAttention& mha, const TensorView& x, const Output
       }
     }
   }
-  KvCache cache = mha.make_cache(B, L);
+  KvCache cache = mha.make_cache(B, L, false, cache_dtype);
   for (std::int64_t start = 0; start < L; start += steps) {
     const std::int64_t n = std::min(steps, L - start), cached = start + n;
     AttentionOptions opts;
@@ -85,6 +87,10 @@ void decode_all(const MultiHeadAttention& mha, const TensorView& x, const Output
 void run(const MhaArgs& a) {
   if (a.out.empty() && a.weights.empty()) {
     fail("give --out and/or --weights: otherwise nothing would be written");
+  }
+  if (a.cache_dtype != "f32" && a.decode_steps == 0) {
+    fail("--cache-dtype " + a.cache_dtype +
+         " needs --decode-steps (the KV cache only exists then)");
   }
   if (a.decode_steps > 0 && !a.xkv.empty()) {
     fail(
@@ -201,7 +207,7 @@ void run(const MhaArgs& a) {
   const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
   if (a.decode_steps > 0) {
     decode_all(mha, xv, ov, a.key_lengths.empty() ? nullptr : &key_lengths, opts.weights,
-               a.decode_steps, context.get());
+               a.decode_steps, parse_dtype(a.cache_dtype, "--cache-dtype", true), context.get());
   } else if (!a.xkv.empty()) {
     mha.forward_cross(xv, as_blx(npy::input_view(xkv)), ov, opts, context.get());
   } else {
@@ -263,6 +269,10 @@ void add_mha_command(CLI::App& app, int& exit_code) {
                   "time (causal by construction; equals the --causal pass)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->type_name("N");
+  cmd->add_option("--cache-dtype", args->cache_dtype,
+                  "With --decode-steps: store the KV cache as f32, bf16, f16 or int8 (per-token "
+                  "scales; default f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
   cmd->add_option("--key-lengths", args->key_lengths,
                   "int32/int64 .npy of shape [B]: in batch b only keys 0..len[b]-1 are attended")
       ->type_name("LEN.npy");
