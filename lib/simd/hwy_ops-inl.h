@@ -33,6 +33,7 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
 #if CPUATTN_SIMD_BITS > 0
   using Raw = decltype(V().raw);
   static HWY_INLINE V FromRaw(Raw r) { return V{r}; }
+  static HWY_INLINE Raw ToRaw(V v) { return v.raw; }
 #endif
   static HWY_INLINE V Zero() { return hn::Zero(D()); }
   static HWY_INLINE V Set(float x) { return hn::Set(D(), x); }

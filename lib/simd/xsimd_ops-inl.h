@@ -40,6 +40,7 @@ struct XsimdOps : simd::Tiles<CPUATTN_XSIMD_ARCH> {
   static constexpr const char* kProvider = "xsimd";
 
   static CPUATTN_INLINE V FromRaw(Raw r) { return V(r); }
+  static CPUATTN_INLINE Raw ToRaw(V v) { return Raw(v); }
   static CPUATTN_INLINE V Zero() { return V(0.0f); }
   static CPUATTN_INLINE V Set(float x) { return V(x); }
   static CPUATTN_INLINE V Iota() {
