@@ -395,3 +395,43 @@ TEST(KvCacheDtypes, EndToEndErrorAgainstF32Cache) {
 
 }  // namespace
 }  // namespace cpuattn::test
+
+namespace cpuattn::test {
+namespace {
+
+// bf16 weights are widened exactly and summed in the same order as f32 weights holding the same
+// values: the products must be bitwise equal, on every target.
+TEST(LinearBf16, BitwiseEqualToF32WeightsOfTheSameValues) {
+  for (const Backend& be : machine_backends()) {
+    for (auto [M, K, N] :
+         {std::array<std::int64_t, 3>{1, 768, 2304}, {13, 300, 33}, {100, 17, 70}, {3, 1000, 5}}) {
+      SCOPED_TRACE(be.name() + " M" + std::to_string(M) + " K" + std::to_string(K) + " N" +
+                   std::to_string(N));
+      auto w = random_floats(K * N, 51);
+      std::vector<std::uint16_t> w16(w.size());
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        w16[i] = to_bf16(w[i]);
+        w[i] = from_bf16(w16[i]);
+      }
+      const auto bias = random_floats(N, 52), x = random_floats(M * K, 53);
+      const Linear l32(f32_view(w.data(), {K, N}), f32_view(bias.data(), {N}));
+      const Linear l16(TensorView::contiguous(w16.data(), DType::bf16, {K, N}),
+                       f32_view(bias.data(), {N}));
+      std::vector<float> y32(M * N), y16(M * N);
+      Context ctx;
+      be.apply(ctx);
+      l32.forward(f32_view(x.data(), {M, K}), f32_view(y32.data(), {M, N}), &ctx);
+      l16.forward(f32_view(x.data(), {M, K}), f32_view(y16.data(), {M, N}), &ctx);
+      EXPECT_EQ(std::memcmp(y32.data(), y16.data(), y32.size() * 4), 0);
+    }
+  }
+  std::vector<std::uint16_t> h(4);
+  expect_error_mentioning(
+      [&] {
+        Linear(TensorView::contiguous(h.data(), DType::f16, {2, 2}));
+      },
+      "expected float32 or bfloat16");
+}
+
+}  // namespace
+}  // namespace cpuattn::test

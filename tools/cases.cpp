@@ -177,7 +177,8 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype) {
 // multi-head attention layer, and one decoding step against a 4096-token KV cache.
 namespace {
 
-std::shared_ptr<MultiHeadAttention> bench_layer() {
+// The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16.
+std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32) {
   std::vector<float> wq(kDm * kDm), wk(kDm * kDm), wv(kDm * kDm), wo(kDm * kDm), b(kDm);
   fill(wq, 4);
   fill(wk, 5);
@@ -186,7 +187,17 @@ std::shared_ptr<MultiHeadAttention> bench_layer() {
   fill(b, 8);
   for (auto* w : {&wq, &wk, &wv, &wo})
     for (auto& x : *w) x *= 0.036f;  // ~ 1/sqrt(d_model): unit-sized activations
-  const auto m = [](const std::vector<float>& w) { return f32_view(w.data(), {kDm, kDm}); };
+  std::vector<std::vector<std::uint16_t>> half;
+  for (auto* w : {&wq, &wk, &wv, &wo}) {
+    half.emplace_back(w->size());
+    for (std::size_t i = 0; i < w->size(); ++i) half.back()[i] = to_bf16((*w)[i]);
+  }
+  int next = 0;  // MhaWeights{...} below evaluates its initializers in order
+  const auto m = [&](const std::vector<float>& w) {
+    if (weights == DType::bf16)
+      return TensorView::contiguous(half[next++].data(), DType::bf16, {kDm, kDm});
+    return f32_view(w.data(), {kDm, kDm});
+  };
   const auto bv = f32_view(b.data(), {kDm});
   return std::make_shared<MultiHeadAttention>(
       MhaConfig{kDm, kHeads, 0, 0, 0}, MhaWeights{m(wq), m(wk), m(wv), m(wo), bv, bv, bv, bv});
@@ -194,7 +205,7 @@ std::shared_ptr<MultiHeadAttention> bench_layer() {
 
 }  // namespace
 
-std::optional<Case> layer_case(const std::string& name, DType kv_dtype) {
+std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType weights) {
   if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
     const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
     auto x = std::make_shared<std::vector<float>>(M * K);
@@ -222,7 +233,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype) {
   }
   if (name == "M2") {  // one new token per sequence, 8 sequences, 4096 cached tokens each
     const std::int64_t B = 8;
-    auto layer = bench_layer();
+    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32);
     auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1, false, kv_dtype));
     // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
     // back, so every run attends to 4097 tokens.
@@ -235,9 +246,10 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype) {
     fill(*x, 13);
     const double proj = 2.0 * B * kDm * kDm * 4;
     const double attn = 4.0 * B * kHeads * (kTokens + 1) * (kDm / kHeads);
-    const double bytes = 4.0 * 4 * kDm * kDm + (double(dtype_size(kv_dtype)) * kDm +
-                                                (kv_dtype == DType::i8 ? 4.0 * kHeads : 0.0)) *
-                                                   2.0 * B * (kTokens + 1);
+    const double bytes =
+        (weights == DType::bf16 ? 2.0 : 4.0) * 4 * kDm * kDm +
+        (double(dtype_size(kv_dtype)) * kDm + (kv_dtype == DType::i8 ? 4.0 * kHeads : 0.0)) * 2.0 *
+            B * (kTokens + 1);
     return Case{
         "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {
           layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
@@ -249,7 +261,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype) {
 }
 
 Case make_case(const std::string& name, bool causal, DType dtype, DType kv_dtype) {
-  if (auto lc = layer_case(name, kv_dtype)) return std::move(*lc);
+  if (auto lc = layer_case(name, kv_dtype, dtype)) return std::move(*lc);
   return attention_case(parse_shape(name, causal), dtype, kv_dtype);
 }
 

@@ -36,8 +36,10 @@ const char* short_dtype_name(DType t);
 // KvCache stores them); `bytes` counts K and V at their storage size.
 Case attention_case(const Shape& s, DType dtype = DType::f32, DType kv_dtype = DType::f32);
 // L1 (Linear), M1 (MHA layer) or M2 (MHA decode step); nullopt for any other name.
-// M2's cache is stored as `kv_dtype`.
-std::optional<Case> layer_case(const std::string& name, DType kv_dtype = DType::f32);
+// M2's cache is stored as `kv_dtype`, its weights as `weights` (f32, or bf16 for bf16; the
+// layer's activations stay f32).
+std::optional<Case> layer_case(const std::string& name, DType kv_dtype = DType::f32,
+                               DType weights = DType::f32);
 // layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype).
 Case make_case(const std::string& name, bool causal, DType dtype = DType::f32,
                DType kv_dtype = DType::f32);

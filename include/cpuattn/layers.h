@@ -30,7 +30,10 @@ struct PackedMatrix;
 // once per output panel block and never allocates in steady state.
 class Linear {
  public:
-  // weight: f32 [K, N] (rows may be strided, the last dimension contiguous); bias: f32 [N].
+  // weight: f32 or bf16 [K, N] (rows may be strided, the last dimension contiguous); bias: f32
+  // [N]. bf16 weights are packed as bf16 (half the memory and half the bytes a decoding step
+  // streams) and widened to f32 as they are loaded; products and sums are f32, so the result is
+  // exactly that of f32 weights holding the same (bf16) values.
   explicit Linear(const TensorView& weight, const std::optional<TensorView>& bias = std::nullopt);
   // Several matrices with the same K side by side, y = x [W0 | W1 | ...] + [b0 | b1 | ...]: one
   // product computes, e.g., the Q, K and V projections and reads x once. `biases` is empty (no
@@ -111,7 +114,7 @@ struct MhaConfig {
   std::int64_t value_dim = 0;  // 0: head_dim
 };
 
-// Weights in the x W convention (W [in, out]); biases optional.
+// Weights in the x W convention (W [in, out]), f32 or bf16 (see Linear); biases optional, f32.
 struct MhaWeights {
   TensorView wq;  // [d_model, heads * head_dim]
   TensorView wk;  // [d_model, kv_heads * head_dim]

@@ -100,7 +100,16 @@ Linear Linear::concat(const std::vector<TensorView>& weights,
   for (std::size_t w = 0; w < weights.size(); ++w) {
     const std::string name = "weight " + std::to_string(w);
     detail::check_view(name.c_str(), weights[w], 2, 2);
-    detail::check_dtype(name.c_str(), weights[w], false);
+    if (weights[w].dtype != DType::f32 && weights[w].dtype != DType::bf16) {
+      fail(name + " " + shape_str(weights[w]) + " has dtype " + dtype_name(weights[w].dtype) +
+           "; expected float32 or bfloat16");
+    }
+    if (weights[w].dtype != weights[0].dtype) {
+      fail(name + " has dtype " + dtype_name(weights[w].dtype) + " but weight 0 has " +
+           dtype_name(weights[0].dtype) + " (concatenated matrices share a dtype)");
+    }
+    if (reinterpret_cast<std::uintptr_t>(weights[w].data) % dtype_size(weights[w].dtype) != 0)
+      fail(name + " " + shape_str(weights[w]) + ": data is not aligned to its elements");
     detail::extent_of(name.c_str(), weights[w]);
     if (w == 0) K = weights[w].shape[0];
     if (weights[w].shape[0] != K) {
@@ -124,8 +133,13 @@ Linear Linear::concat(const std::vector<TensorView>& weights,
   m->K = K;
   m->N = N;
   m->panels = (N + P - 1) / P;
-  float* dst = m->data.get(static_cast<std::size_t>(m->panels * K * P));
-  std::fill(dst, dst + m->panels * K * P, 0.0f);
+  m->dtype = weights[0].dtype;
+  const bool bf16 = m->dtype == DType::bf16;
+  // bf16 panels take half the floats of the buffer (two elements per float slot).
+  const std::int64_t elems = m->panels * K * P;
+  float* dst = m->data.get(static_cast<std::size_t>(bf16 ? (elems + 1) / 2 : elems));
+  std::fill(dst, dst + (bf16 ? (elems + 1) / 2 : elems), 0.0f);
+  auto* dst16 = reinterpret_cast<std::uint16_t*>(dst);
   float* bias = nullptr;
   if (any_bias) {
     m->has_bias = true;
@@ -135,11 +149,15 @@ Linear Linear::concat(const std::vector<TensorView>& weights,
   std::int64_t col0 = 0;
   for (std::size_t w = 0; w < weights.size(); ++w) {
     const TensorView& wt = weights[w];
-    const auto* src = static_cast<const float*>(wt.data);
     for (std::int64_t k = 0; k < K; ++k) {
       for (std::int64_t n = 0; n < wt.shape[1]; ++n) {
-        const std::int64_t col = col0 + n;
-        dst[(col / P) * K * P + k * P + col % P] = src[k * wt.strides[0] + n];
+        const std::int64_t col = col0 + n, at = (col / P) * K * P + k * P + col % P;
+        const std::int64_t from = k * wt.strides[0] + n;
+        if (bf16) {
+          dst16[at] = static_cast<const std::uint16_t*>(wt.data)[from];
+        } else {
+          dst[at] = static_cast<const float*>(wt.data)[from];
+        }
       }
     }
     if (!biases.empty() && biases[w]) {

@@ -372,8 +372,14 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights
          std::to_string(c.kv_heads) + ", and head_dim=" + std::to_string(c.head_dim) +
          ", value_dim=" + std::to_string(c.value_dim) + " must be >= 1");
   }
+  // Weights f32 or bf16 (Linear keeps bf16 packed as bf16); biases f32.
   auto expect = [](const char* name, const TensorView& t, std::int64_t rows, std::int64_t cols) {
-    check_f32(name, t, 2);
+    detail::check_view(name, t, 2, 2);
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16) {
+      fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(t.dtype) +
+           "; expected float32 or bfloat16");
+    }
+    detail::extent_of(name, t);
     if (t.shape[0] != rows || t.shape[1] != cols) {
       fail(std::string(name) + " " + shape_str(t) + " must be " + dims_str({rows, cols}));
     }

@@ -34,8 +34,8 @@ inline constexpr std::int64_t kGemmMaxRowBlock = detail::kGemmRowPanels * 12;
 // C rows [0, R) x one panel (32 columns) += Ap micro-panel . B panel rows [k0, k0 + kc).
 // `init` is the starting value: the bias panel (first k block with a bias), nullptr for zero on
 // the first k block, or C itself (load_c) for later k blocks.
-template <class O, int R>
-CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const float* CPUATTN_RESTRICT bp,
+template <class O, int R, class TB>
+CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* CPUATTN_RESTRICT bp,
                              std::int64_t kc, float* const* c, const float* bias, bool load_c) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
@@ -49,7 +49,7 @@ CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const float* CPUA
       acc[r][j] = load_c ? O::LoadU(c[r] + j * N) : bias ? O::Load(bias + j * N) : O::Zero();
     }
   }
-  AccumulateOuter<O, R, C>(ap, MR, 1, bp, detail::PackedMatrix::kPanel, kc, acc);
+  AccumulateOuter<O, R, C, TB>(ap, MR, 1, bp, detail::PackedMatrix::kPanel, kc, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(32)
@@ -57,14 +57,14 @@ CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const float* CPUA
   }
 }
 
-template <class O>
-void GemmRows(int R, const float* ap, const float* bp, std::int64_t kc, float* const* c,
+template <class O, class TB>
+void GemmRows(int R, const float* ap, const TB* bp, std::int64_t kc, float* const* c,
               const float* bias, bool load_c) {
   static_assert(O::kGemmRows <= 12, "extend the switch below");
   switch (R) {
-#define CPUATTN_GEMM_CASE(n)                                                      \
-  case n:                                                                         \
-    if constexpr (n <= O::kGemmRows) GemmTile<O, n>(ap, bp, kc, c, bias, load_c); \
+#define CPUATTN_GEMM_CASE(n)                                                          \
+  case n:                                                                             \
+    if constexpr (n <= O::kGemmRows) GemmTile<O, n, TB>(ap, bp, kc, c, bias, load_c); \
     break;
     CPUATTN_GEMM_CASE(1)
     CPUATTN_GEMM_CASE(2)
@@ -128,11 +128,20 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
       for (std::int64_t i = 0; i < micro; ++i) {
         const int R = static_cast<int>(std::min(MR, rows - i * MR));
         const float* a = ap + i * K * MR + k0 * MR;
-        const float* b = B.panel(p) + k0 * P;
         const float* init = k0 == 0 ? bias : nullptr;
         for (int r = 0; r < R; ++r) crow[r] = cbase[i * MR + r] + p * P;
+        // One switch per micro-kernel call: the panel's element type.
+        const auto rows_of_b = [&](float* const* out) {
+          if (B.dtype == DType::bf16) {
+            GemmRows<O, detail::Bf16>(
+                R, a, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(p) + k0 * P), kc, out,
+                init, k0 > 0);
+          } else {
+            GemmRows<O, float>(R, a, B.panel(p) + k0 * P, kc, out, init, k0 > 0);
+          }
+        };
         if (cols == P) {
-          GemmRows<O>(R, a, b, kc, crow, init, k0 > 0);
+          rows_of_b(crow);
         } else {
           // The last panel is narrower than the vectors: go through a full-width tile so no
           // store touches C past column N.
@@ -144,7 +153,7 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
               std::fill(trow[r] + cols, trow[r] + P, 0.0f);
             }
           }
-          GemmRows<O>(R, a, b, kc, trow, init, k0 > 0);
+          rows_of_b(trow);
           for (int r = 0; r < R; ++r) std::copy(trow[r], trow[r] + cols, crow[r]);
         }
       }

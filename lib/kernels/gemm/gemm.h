@@ -17,15 +17,21 @@ namespace cpuattn::detail {
 // zero. One panel row is 32 floats = 128 bytes, two AVX-512 vectors (four AVX2, eight SSE4):
 // the micro-kernel streams it with aligned loads, and a panel of kc = 256 rows (32 KiB) stays in
 // the 48 KiB L1d while every row block of A sweeps it. The layout does not depend on the SIMD
-// target, so a packed matrix serves every target.
+// target, so a packed matrix serves every target. bf16 weights stay bf16 (same layout, 64-byte
+// panel rows): half the bytes a memory-bound product (decoding: few rows of A) streams, widened to
+// f32 in the micro-kernel as each panel row is loaded.
 struct PackedMatrix {
   static constexpr std::int64_t kPanel = 32;
   std::int64_t K = 0, N = 0, panels = 0;
-  Scratch data;  // panels * K * kPanel floats
-  Scratch bias;  // panels * kPanel floats, or empty
+  DType dtype = DType::f32;  // f32 or bf16
+  Scratch data;              // panels * K * kPanel elements of dtype
+  Scratch bias;              // panels * kPanel floats, or empty
   bool has_bias = false;
   CPUATTN_ALWAYS_INLINE const float* panel(std::int64_t p) const {
     return data.data() + p * K * kPanel;
+  }
+  CPUATTN_ALWAYS_INLINE const std::uint16_t* panel_bf16(std::int64_t p) const {
+    return reinterpret_cast<const std::uint16_t*>(data.data()) + p * K * kPanel;
   }
 };
 
