@@ -329,7 +329,17 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       const std::int64_t out_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
       const float scale = st.out_scale();
       if (p.out_dtype != DType::f32) {
-        for (std::int64_t d = 0; d < g.Dv; ++d)
+        const typename O::V vscale = O::Set(scale);
+        const std::int64_t dv = g.Dv / N * N;
+        detail::with_elem(p.out_dtype, [&](auto t) {
+          using T = decltype(t);
+          if constexpr (std::is_same_v<T, detail::Bf16> || std::is_same_v<T, detail::F16>) {
+            T* dst = static_cast<T*>(p.out) + out_off;
+            for (std::int64_t d = 0; d < dv; d += N)
+              StoreNarrow<O>(O::Mul(O::Load(arow + d), vscale), dst + d);
+          }
+        });
+        for (std::int64_t d = dv; d < g.Dv; ++d)
           detail::store_float(p.out, p.out_dtype, out_off + d, arow[d] * scale);
       } else if (float* dst = static_cast<float*>(p.out) + out_off;
                  pl.stream_out && g.Dv == g.DvP &&
