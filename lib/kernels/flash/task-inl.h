@@ -207,7 +207,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                                 : static_cast<const char*>(p.v.data) +
                                       (b * p.v.s[0] + hk * p.v.s[1] + kb0 * p.v.s[2]) * ev;
           DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s, g.Nk,
-                          vpf, p.v.s[2] * ev, p.Dv * ev);
+                          vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
         });
         clock.lap(Phase::scores);
         for (int r = 0; r < rows; ++r) MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
