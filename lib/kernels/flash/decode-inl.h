@@ -44,17 +44,33 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
         CPUATTN_UNROLL(4)
         for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
       }
-      // Key after key, each row front to back: the addresses ascend as in a plain stream,
-      // which the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on
-      // D2 with f32 and bf16 K, from DRAM; with int8 K it gained nothing).
-      CPUATTN_UNROLL(4)
-      for (int g = 0; g < 4; ++g) {
-        const T* krow = k + (j + g) * ks;
+      if constexpr (sizeof(T) == 1) {
+        // int8: the four rows are four adjacent 128-byte runs (D = 128), so reading them d by d
+        // still ascends through memory, and each Q vector load serves four keys.
         for (std::int64_t d = 0; d < dv; d += N) {
-          const typename O::V kv = LoadWide<O>(krow + d);
+          typename O::V kv[4];
+          CPUATTN_UNROLL(4)
+          for (int g = 0; g < 4; ++g) kv[g] = LoadWide<O>(k + (j + g) * ks + d);
           CPUATTN_UNROLL(16)
-          for (int r = 0; r < R; ++r)
-            acc[r][g] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r][g]);
+          for (int r = 0; r < R; ++r) {
+            const typename O::V qv = O::Load(qd + r * dp + d);
+            CPUATTN_UNROLL(4)
+            for (int g = 0; g < 4; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+          }
+        }
+      } else {
+        // Key after key, each row front to back: the addresses ascend as in a plain stream,
+        // which the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on
+        // D2 with f32 and bf16 K, from DRAM; with int8 K it gained nothing).
+        CPUATTN_UNROLL(4)
+        for (int g = 0; g < 4; ++g) {
+          const T* krow = k + (j + g) * ks;
+          for (std::int64_t d = 0; d < dv; d += N) {
+            const typename O::V kv = LoadWide<O>(krow + d);
+            CPUATTN_UNROLL(16)
+            for (int r = 0; r < R; ++r)
+              acc[r][g] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r][g]);
+          }
         }
       }
       // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
@@ -73,18 +89,26 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
           for (std::int64_t off = 0; off < vpf_bytes; off += 64)
             __builtin_prefetch(vpf + (j + g) * vpf_stride + off, 0, 3);
       }
+      // The four scores of each row leave as one 128-bit vector: the epilogue per key (tail,
+      // scale, store) cost as many operations as the key's FMAs (int8 K, D2 on one thread).
+      const __m128 sc = kscale == nullptr
+                            ? _mm_set1_ps(1.0f)
+                            : _mm_setr_ps(kscale[j * kss], kscale[(j + 1) * kss],
+                                          kscale[(j + 2) * kss], kscale[(j + 3) * kss]);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
-        alignas(16) float sum[4];
-        _mm_store_ps(sum, x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]),
-                                          O::ToRaw(acc[r][2]), O::ToRaw(acc[r][3])));
-        for (int g = 0; g < 4; ++g) {
-          const T* krow = k + (j + g) * ks;
-          float tail = 0.0f;
-          for (std::int64_t d = dv; d < D; ++d) tail += qd[r * dp + d] * detail::to_float(krow[d]);
-          const float dot = sum[g] + tail;
-          s[r * s_stride + j + g] = kscale == nullptr ? dot : dot * kscale[(j + g) * kss];
+        __m128 sum = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
+                                     O::ToRaw(acc[r][3]));
+        if (dv < D) {
+          alignas(16) float tail[4] = {};
+          for (int g = 0; g < 4; ++g) {
+            const T* krow = k + (j + g) * ks;
+            for (std::int64_t d = dv; d < D; ++d)
+              tail[g] += qd[r * dp + d] * detail::to_float(krow[d]);
+          }
+          sum = _mm_add_ps(sum, _mm_load_ps(tail));
         }
+        _mm_storeu_ps(s + r * s_stride + j, kscale == nullptr ? sum : _mm_mul_ps(sum, sc));
       }
     }
   }
