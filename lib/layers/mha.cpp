@@ -167,7 +167,8 @@ struct KvCache::Storage {
   void store(const TensorView& t, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
              std::int64_t width) {
     const std::int64_t n = t.shape[2], e = esize();
-    std::vector<float> row(static_cast<std::size_t>(width));
+    // A same-dtype append (every f32 decode step) copies rows and needs no conversion buffer.
+    std::vector<float> row(t.dtype == dtype ? 0 : static_cast<std::size_t>(width));
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < Hkv; ++h) {
         for (std::int64_t l = 0; l < n; ++l) {
