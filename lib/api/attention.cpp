@@ -34,10 +34,19 @@ void note_work(const Problem& p, Recorder& rec) {
     for (std::int64_t i = 0; i < p.Lq; ++i) pairs += static_cast<double>(p.key_end(b, i));
   }
   const double flops = 2.0 * static_cast<double>(p.D + p.Dv) * static_cast<double>(p.H) * pairs;
-  const double elems = static_cast<double>(p.B) *
-                       (static_cast<double>(p.H * p.Lq) * static_cast<double>(p.D + p.Dv) +
-                        static_cast<double>(p.Hkv * p.Lk) * static_cast<double>(p.D + p.Dv));
-  rec.add_work(flops, 4.0 * elems);
+  // Bytes at each tensor's own dtype (an int8 cache reads a quarter of an f32 one, plus its
+  // per-token scales), so profile's roofline and GB/s describe what the kernel really moves.
+  const auto size = [](DType t) { return static_cast<double>(dtype_size(t)); };
+  const double B = static_cast<double>(p.B);
+  const double q_rows = B * static_cast<double>(p.H * p.Lq);
+  const double kv_rows = B * static_cast<double>(p.Hkv * p.Lk);
+  double bytes = q_rows * (static_cast<double>(p.D) * size(p.q.dtype) +
+                           static_cast<double>(p.Dv) * size(p.out_dtype)) +
+                 kv_rows * (static_cast<double>(p.D) * size(p.k.dtype) +
+                            static_cast<double>(p.Dv) * size(p.v.dtype));
+  if (p.k_scale != nullptr) bytes += 4.0 * kv_rows;
+  if (p.v_scale != nullptr) bytes += 4.0 * kv_rows;
+  rec.add_work(flops, bytes);
 }
 
 void run_fast(const Problem& p, Context& ctx) {

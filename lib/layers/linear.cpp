@@ -40,7 +40,8 @@ void run_gemm(GemmProblem& g, Context& ctx) {
     if (rec != nullptr) {
       const double M = static_cast<double>(g.M), K = static_cast<double>(g.b->K),
                    N = static_cast<double>(g.b->N);
-      rec->add_work(2 * M * K * N, 4 * (M * K + K * N + M * N));
+      rec->add_work(2 * M * K * N,
+                    4 * (M * K + M * N) + static_cast<double>(dtype_size(g.b->dtype)) * K * N);
       rec->add_tasks(g.row_tasks * g.panel_tasks);
     }
     tbb::parallel_for(
