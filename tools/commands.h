@@ -12,5 +12,6 @@ void add_bench_command(CLI::App& app, int& exit_code);
 void add_profile_command(CLI::App& app, int& exit_code);
 void add_examples_command(CLI::App& app, int& exit_code);
 void add_heatmap_command(CLI::App& app, int& exit_code);
+void add_serve_bench_command(CLI::App& app, int& exit_code);
 
 }  // namespace cpuattn::cli

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
       "  cpuattn bench --sweep threads --shape P1 --out scaling.json\n"
       "  cpuattn profile --shape P1 --trace p1.json\n"
       "  cpuattn examples\n"
-      "  cpuattn heatmap --weights w.npy --out heat.png",
+      "  cpuattn heatmap --weights w.npy --out heat.png\n"
+      "  cpuattn serve-bench --clients 1,2,8,64 --duration 5 --md",
       "cpuattn"};
   app.require_subcommand(1);
   int exit_code = 0;
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   cpuattn::cli::add_profile_command(app, exit_code);
   cpuattn::cli::add_examples_command(app, exit_code);
   cpuattn::cli::add_heatmap_command(app, exit_code);
+  cpuattn::cli::add_serve_bench_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
