@@ -35,6 +35,8 @@
 #include <string>
 #include <type_traits>
 
+#include "cpuattn/export.h"
+
 namespace cpuattn {
 
 namespace detail {
@@ -42,7 +44,7 @@ struct ContextAccess;
 }
 
 // Thrown for every invalid argument. The message starts with "cpuattn: ".
-class Error : public std::invalid_argument {
+class CPUATTN_API Error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
@@ -52,7 +54,7 @@ class Error : public std::invalid_argument {
 // true); i32/i64 are for lengths. bf16 and f16 are stored as their 16-bit patterns.
 enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64, i8 };
 
-const char* dtype_name(DType dtype);
+CPUATTN_API const char* dtype_name(DType dtype);
 
 // Bytes per element.
 constexpr std::size_t dtype_size(DType dtype) {
@@ -75,15 +77,15 @@ constexpr std::size_t dtype_size(DType dtype) {
 
 // Conversions as the library performs them: f32 -> bf16 and f32 -> f16 round to nearest even
 // (f16 overflows to inf; NaN stays NaN); bf16/f16 -> f32 are exact.
-std::uint16_t to_bf16(float x);
-float from_bf16(std::uint16_t bits);
-std::uint16_t to_f16(float x);
-float from_f16(std::uint16_t bits);
+CPUATTN_API std::uint16_t to_bf16(float x);
+CPUATTN_API float from_bf16(std::uint16_t bits);
+CPUATTN_API std::uint16_t to_f16(float x);
+CPUATTN_API float from_f16(std::uint16_t bits);
 // Symmetric int8 quantization of one row of n values (one token of one K/V head, as KvCache
 // stores it): scale = max|x| / 127 (0 for a row of zeros), q[i] = round-half-even(x[i] / scale);
 // the value computed with is float(q[i]) * scale. Returns the scale. Throws Error (writing
 // nothing) when a value is NaN or infinite, which int8 cannot hold.
-float quantize_int8(const float* x, std::int64_t n, std::int8_t* q);
+CPUATTN_API float quantize_int8(const float* x, std::int64_t n, std::int8_t* q);
 
 inline constexpr int kMaxRank = 4;
 
@@ -203,9 +205,9 @@ struct AttentionOptions {
 // take the portable path (convert to f32 while packing), so that path is testable on any CPU.
 enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, avx512_bf16, best };
 
-const char* target_name(Target target);
+CPUATTN_API const char* target_name(Target target);
 // Parses "scalar", "sse4", "avx2", "avx512", "avx512_bf16" or "best"; throws Error otherwise.
-Target parse_target(const std::string& name);
+CPUATTN_API Target parse_target(const std::string& name);
 
 // The portable SIMD library the kernels are compiled with. Both run the same kernels (same
 // tiling, masking and softmax, written once against one vector contract) and give results within
@@ -215,9 +217,9 @@ Target parse_target(const std::string& name);
 //            call runs Highway's portable target and active_simd() says so.
 enum class Simd : std::uint8_t { highway, xsimd };
 
-const char* simd_name(Simd simd);
+CPUATTN_API const char* simd_name(Simd simd);
 // Parses "highway" or "xsimd"; throws Error otherwise.
-Simd parse_simd(const std::string& name);
+CPUATTN_API Simd parse_simd(const std::string& name);
 
 // Execution context: which threads run the fast path, a cap on the SIMD target, and the
 // scratch memory kernels reuse between calls (so steady-state calls do not allocate).
@@ -228,7 +230,7 @@ Simd parse_simd(const std::string& name);
 // Memory: each thread that runs a call keeps its scratch buffers for the next call, sized by the
 // largest call it has run. A service that once ran a huge request would keep that memory for
 // good; set_scratch_limit() bounds what a thread keeps between uses, and trim() frees it all.
-class Context {
+class CPUATTN_API Context {
  public:
   // num_threads == 0: run in the calling thread's task arena (whatever oneTBB arena the caller
   // is in, or the default one). num_threads > 0: run in an arena of that many threads, at most
@@ -268,7 +270,7 @@ class Context {
 
 // The context calls use when they are given none: on the caller's oneTBB arena, capped by
 // CPUATTN_TARGET. Lives until the process exits.
-Context& default_context();
+CPUATTN_API Context& default_context();
 
 // The fused fast path. Deterministic: the result does not depend on the number of threads.
 // Dtypes: Q f32, bf16 or f16; K and V the same dtype, f32, bf16, f16 or i8 (with k_scales and
@@ -279,22 +281,22 @@ Context& default_context();
 // requested, the call runs reference_attention() instead (the [B, H, Lq, Lk] weights defeat fusion
 // anyway): out, lse and weights then come from double precision, at the reference's speed and with
 // its O(Lq * Lk) work per head.
-void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
+CPUATTN_API void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
                const AttentionOptions& opts = {}, Context* context = nullptr);
 
 // The oracle: same semantics, accumulates in double precision. Accepts f32 or f64 tensors and
 // writes f32 or f64 outputs. Slow and plain by design; every fast path is tested against it.
-void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+CPUATTN_API void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                          const OutputView& out, const AttentionOptions& opts = {});
 
 // The SIMD target the fast path would run on with `context` (or the default context).
-Target active_target(const Context* context = nullptr);
+CPUATTN_API Target active_target(const Context* context = nullptr);
 // How a call with bf16 Q, K and V would compute its products: "avx512_bf16" (vdpbf16ps) or
 // "f32" (converted to f32 while packing, then the f32 kernels of active_target()).
-const char* active_bf16_path(const Context* context = nullptr);
+CPUATTN_API const char* active_bf16_path(const Context* context = nullptr);
 // The SIMD provider it would run with (see Simd: xsimd falls back to highway below SSE4).
-Simd active_simd(const Context* context = nullptr);
+CPUATTN_API Simd active_simd(const Context* context = nullptr);
 // The targets this CPU and this build support, best first.
-std::string supported_targets();
+CPUATTN_API std::string supported_targets();
 
 }  // namespace cpuattn

@@ -28,7 +28,7 @@ struct PackedMatrix;
 // A dense layer y = x W + b. The constructor copies W [K, N] (and b [N]) into the panel layout
 // the SIMD product streams, so the caller's buffers may be freed afterwards; forward() reads x
 // once per output panel block and never allocates in steady state.
-class Linear {
+class CPUATTN_API Linear {
  public:
   // weight: f32 or bf16 [K, N] (rows may be strided, the last dimension contiguous); bias: f32
   // [N]. bf16 weights are packed as bf16 (half the memory and half the bytes a decoding step
@@ -60,7 +60,7 @@ class Linear {
 // of each K/V head: quantize_int8). bf16/f16 halve the bytes a decode step reads, int8 quarters
 // them; attention() and MultiHeadAttention::decode read the stored dtype directly.
 // One length for the whole batch (use one cache per sequence for ragged batches, or key_lengths).
-class KvCache {
+class CPUATTN_API KvCache {
  public:
   // growable = false: appending beyond `capacity` throws Error and changes nothing.
   // growable = true: such an append first doubles the capacity (or more, to fit), copying the
@@ -128,7 +128,7 @@ struct MhaWeights {
 // transposed or copied between the projections and the fused kernel.
 // `opts` are those of cpuattn::attention (scale, causal, mask, key_lengths, lse, weights), with
 // H = heads, Lq = query tokens and Lk = key tokens.
-class MultiHeadAttention {
+class CPUATTN_API MultiHeadAttention {
  public:
   MultiHeadAttention(const MhaConfig& config, const MhaWeights& weights);
   ~MultiHeadAttention();
@@ -180,7 +180,7 @@ struct AdditiveWeights {
 // Bahdanau attention: a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)), c_i = sum_j a_ij s_j.
 // W1 h and W2 s are computed once per call (Lq + Lk products, not Lq x Lk); the Lq x Lk x A
 // tanh-and-dot runs in SIMD (tanh: max relative error stated in lib/layers-inl.h and tested).
-class AdditiveAttention {
+class CPUATTN_API AdditiveAttention {
  public:
   explicit AdditiveAttention(const AdditiveWeights& weights);
   std::int64_t decoder_dim() const;
@@ -199,7 +199,7 @@ class AdditiveAttention {
 
 // Luong (general) attention: score = h_i^T W s_j, divided by sqrt(d_dec) when `scaled` (as
 // Vaswani et al. advise). Runs as h W once, then the fused attention kernel.
-class MultiplicativeAttention {
+class CPUATTN_API MultiplicativeAttention {
  public:
   // w: f32 [d_dec, d_enc].
   explicit MultiplicativeAttention(const TensorView& w, bool scaled = true);

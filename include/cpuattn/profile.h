@@ -51,7 +51,7 @@ enum class Phase : std::uint8_t {
   reference,
 };
 inline constexpr int kNumPhases = 11;
-const char* phase_name(Phase phase);
+CPUATTN_API const char* phase_name(Phase phase);
 
 // One task on one thread, or one phase interval inside a task. Times in microseconds on the
 // trace clock (steady clock, zero at the first recorded call of the process).
@@ -66,7 +66,7 @@ struct PhaseSpan {
   double begin_us, end_us;
 };
 
-struct CallProfile {
+struct CPUATTN_API CallProfile {
   std::string op;      // attention, linear, mha.forward, mha.forward_cross, mha.decode, additive,
                        // multiplicative
   std::string shapes;  // e.g. q:1x16x2048x64;k:1x16x2048x64;v:1x16x2048x64;out:1x16x2048x64
@@ -99,15 +99,15 @@ struct CallProfile {
 //   k_splits=..,time_ms=..,gflops=..,gbps=..
 // and with level >= 2 and phases measured: ,phases=<name>:<ms>;<name>:<ms>;... (thread-summed
 // ms of the phases that took time, in Phase order).
-std::string verbose_line(const CallProfile& call, int level);
+CPUATTN_API std::string verbose_line(const CallProfile& call, int level);
 
 // The CPUATTN_VERBOSE level this process started with (0 if unset or not a number).
-int verbose_level();
+CPUATTN_API int verbose_level();
 
 // Collects the CallProfile of every call made in the process (any thread) while it lives, with
 // phases; with spans = true also every task's and phase's interval (for a trace). Sessions may
 // overlap; each receives every call.
-class ProfileSession {
+class CPUATTN_API ProfileSession {
  public:
   explicit ProfileSession(bool spans = false);
   ~ProfileSession();
@@ -125,11 +125,11 @@ class ProfileSession {
 // Writes `calls` as a Chrome trace-event JSON file (opens in ui.perfetto.dev and
 // chrome://tracing): one track per thread slot plus a "calls" track, one span per call, task
 // and phase. Throws Error if the file cannot be written.
-void write_chrome_trace(const std::vector<CallProfile>& calls, const std::string& path);
+CPUATTN_API void write_chrome_trace(const std::vector<CallProfile>& calls, const std::string& path);
 
 // With CPUATTN_TRACE set: writes every call recorded so far to that file now (the file is
 // rewritten at exit with everything recorded by then). Returns false when CPUATTN_TRACE is not
 // set; throws Error if the file cannot be written.
-bool write_trace();
+CPUATTN_API bool write_trace();
 
 }  // namespace cpuattn

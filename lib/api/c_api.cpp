@@ -1,0 +1,686 @@
+// The C API (include/cpuattn/cpuattn_c.h) over the public C++ API. Every entry point runs its
+// body inside guarded(), which catches every exception and turns it into a status and the calling
+// thread's last-error message: no exception crosses into C. Results (`*out`) are assigned as the
+// last, non-throwing step of a body, so a failure leaves them untouched.
+//
+// Values that come from C are read without trusting their type: a C caller may pass any int as an
+// enum (loading an out-of-range value of a C++ enum is undefined behaviour), so enums are read
+// through memcpy as integers and checked, and versioned structs are read field by field within
+// struct_size (never as a whole struct that may be shorter than ours).
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cpuattn/cpuattn.h"
+#include "cpuattn/cpuattn_c.h"
+#include "cpuattn/layers.h"
+
+#if !defined(CPUATTN_VERSION_MAJOR) || !defined(CPUATTN_VERSION_MINOR) || \
+    !defined(CPUATTN_VERSION_PATCH) || !defined(CPUATTN_VERSION_STRING)
+#error "lib/CMakeLists.txt passes the project version as CPUATTN_VERSION_* definitions"
+#endif
+
+struct cpuattn_context {
+  cpuattn::Context context;
+};
+struct cpuattn_kv_cache {
+  cpuattn::KvCache cache;
+};
+struct cpuattn_mha {
+  cpuattn::MultiHeadAttention mha;
+};
+
+namespace {
+
+using cpuattn::DType;
+
+// ------------------------------------------------------------------------------- errors
+
+struct LastError {
+  std::string message;
+  const char* fallback = nullptr;  // when recording the message itself ran out of memory
+};
+
+LastError& last_error() {
+  thread_local LastError e;
+  return e;
+}
+
+void set_error(const char* a, const char* b = "", const char* c = "") noexcept {
+  LastError& e = last_error();
+  try {
+    e.message.assign(a);
+    e.message.append(b);
+    e.message.append(c);
+    e.fallback = nullptr;
+  } catch (...) {
+    e.fallback = "cpuattn: out of memory (while recording an error message)";
+  }
+}
+
+void clear_error() noexcept {
+  LastError& e = last_error();
+  e.message.clear();
+  e.fallback = nullptr;
+}
+
+// A required pointer argument is NULL: CPUATTN_ERROR_NULL_POINTER. `name` is a literal.
+struct NullPointer {
+  const char* name;
+};
+
+template <class T>
+T* need(T* p, const char* name) {
+  if (p == nullptr) throw NullPointer{name};
+  return p;
+}
+
+[[noreturn]] void fail(const std::string& what) { throw cpuattn::Error("cpuattn: " + what); }
+
+template <class F>
+cpuattn_status guarded(F&& body) noexcept {
+  try {
+    body();
+    clear_error();
+    return CPUATTN_OK;
+  } catch (const NullPointer& e) {
+    set_error("cpuattn: ", e.name, " is NULL");
+    return CPUATTN_ERROR_NULL_POINTER;
+  } catch (const cpuattn::Error& e) {
+    set_error(e.what());
+    return CPUATTN_ERROR_INVALID_ARGUMENT;
+  } catch (const std::bad_alloc& e) {
+    set_error("cpuattn: out of memory (", e.what(), ")");
+    return CPUATTN_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_error("cpuattn: internal error: ", e.what());
+    return CPUATTN_ERROR_INTERNAL;
+  } catch (...) {
+    set_error("cpuattn: internal error: an exception that is not a std::exception");
+    return CPUATTN_ERROR_INTERNAL;
+  }
+}
+
+// ------------------------------------------------------------------------------- C values
+
+// The integer a C caller stored in an enum object, without loading it as the C++ enum. C enum
+// constants are ints, so the bits are read as a signed integer (a C caller's -5 stays -5).
+template <class E>
+long long raw(const E& e) {
+  static_assert(std::is_enum_v<E>);
+  std::make_signed_t<std::underlying_type_t<E>> v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<long long>(v);
+}
+
+// `name` and `suffix` make the argument's name ("q" ".dtype"); nothing is allocated unless the
+// check fails (the library allocates nothing per call in steady state, and neither does this API).
+DType to_dtype(const cpuattn_dtype& d, const char* name, const char* suffix = "") {
+  const long long v = raw(d);
+  if (v < 0 || v > static_cast<long long>(DType::i8)) {
+    fail(std::string(name) + suffix + " " + std::to_string(v) +
+         " is not a cpuattn_dtype (CPUATTN_DTYPE_F32 .. CPUATTN_DTYPE_I8)");
+  }
+  return static_cast<DType>(v);
+}
+
+cpuattn::Target to_target(const cpuattn_target& t, const char* name) {
+  const long long v = raw(t);
+  if (v < 0 || v > static_cast<long long>(cpuattn::Target::best)) {
+    fail(std::string(name) + " " + std::to_string(v) +
+         " is not a cpuattn_target (CPUATTN_TARGET_SCALAR .. CPUATTN_TARGET_BEST)");
+  }
+  return static_cast<cpuattn::Target>(v);
+}
+
+cpuattn::Causal to_causal(const cpuattn_causal& c, const char* name) {
+  const long long v = raw(c);
+  if (v < 0 || v > static_cast<long long>(cpuattn::Causal::bottom_right)) {
+    fail(std::string(name) + " " + std::to_string(v) +
+         " is not a cpuattn_causal (CPUATTN_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT)");
+  }
+  return static_cast<cpuattn::Causal>(v);
+}
+
+// Shape and strides are copied as they are: the C++ API validates rank, sizes and strides (and
+// names the argument); only the dtype, a C enum, is checked here.
+template <class View>
+View view_of(const cpuattn_tensor& t, const char* name) {
+  View v;
+  v.data = t.data;
+  v.dtype = to_dtype(t.dtype, name, ".dtype");
+  v.rank = t.rank;
+  for (int d = 0; d < cpuattn::kMaxRank; ++d) {
+    v.shape[d] = t.shape[d];
+    v.strides[d] = t.strides[d];
+  }
+  return v;
+}
+
+cpuattn::TensorView in(const cpuattn_tensor* t, const char* name) {
+  return view_of<cpuattn::TensorView>(*need(t, name), name);
+}
+cpuattn::OutputView out_view(const cpuattn_tensor* t, const char* name) {
+  return view_of<cpuattn::OutputView>(*need(t, name), name);
+}
+std::optional<cpuattn::TensorView> optional_in(const cpuattn_tensor* t, const char* name) {
+  if (t == nullptr) return std::nullopt;
+  return view_of<cpuattn::TensorView>(*t, name);
+}
+
+cpuattn_tensor to_c(const cpuattn::TensorView& v) {
+  cpuattn_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = const_cast<void*>(v.data);
+  t.dtype = static_cast<cpuattn_dtype>(v.dtype);
+  t.rank = v.rank;
+  for (int d = 0; d < cpuattn::kMaxRank; ++d) {
+    t.shape[d] = v.shape[d];
+    t.strides[d] = v.strides[d];
+  }
+  return t;
+}
+
+// An absent scales view: data NULL, rank 0, the f32 dtype scales have.
+cpuattn_tensor scales_of(const std::optional<cpuattn::TensorView>& v) {
+  if (v) return to_c(*v);
+  cpuattn::TensorView none;
+  none.dtype = DType::f32;
+  return to_c(none);
+}
+
+// ------------------------------------------------------------------------ versioned structs
+
+// The largest struct_size accepted: anything larger is taken for an uninitialized field.
+constexpr std::size_t kMaxStructSize = 4096;
+
+// Checks p->struct_size against the rules of cpuattn_c.h and returns it. `name` is e.g.
+// "options", `type` the C struct's name.
+template <class S>
+std::size_t checked_size(const S* p, std::size_t min_size, const char* name, const char* type) {
+  std::size_t size = 0;
+  std::memcpy(&size, reinterpret_cast<const unsigned char*>(p) + offsetof(S, struct_size),
+              sizeof size);
+  auto set_it = [&] {
+    return std::string("; set it to sizeof(") + type + ") = " + std::to_string(sizeof(S)) +
+           " (the *_init function does)";
+  };
+  if (size < min_size) {
+    fail(std::string(name) + "->struct_size is " + std::to_string(size) +
+         ", smaller than the smallest supported size " + std::to_string(min_size) + set_it());
+  }
+  if (size > kMaxStructSize) {
+    fail(std::string(name) + "->struct_size is " + std::to_string(size) + ", larger than " +
+         std::to_string(kMaxStructSize) + " (uninitialized?)" + set_it());
+  }
+  return size;
+}
+
+// A newer caller's struct: every byte this library does not know must be zero (the new fields at
+// their defaults), else the caller asks for something this library cannot do.
+template <class S>
+void check_unknown_tail(const S* p, std::size_t size, const char* name, const char* type) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = sizeof(S); i < size; ++i) {
+    if (bytes[i] != 0) {
+      fail(std::string(name) + "->struct_size is " + std::to_string(size) + " but this library's " +
+           type + " has " + std::to_string(sizeof(S)) + " bytes, and byte " + std::to_string(i) +
+           " (a field of a newer version) is not zero");
+    }
+  }
+}
+
+// Reads a versioned struct: a value-initialized S (the defaults, all zero) with the fields that
+// lie entirely within struct_size copied from *p.
+template <class S>
+class StructReader {
+ public:
+  StructReader(const S* p, std::size_t min_size, const char* name, const char* type)
+      : p_(reinterpret_cast<const unsigned char*>(p)),
+        size_(checked_size(p, min_size, name, type)) {
+    check_unknown_tail(p, size_, name, type);
+    std::memset(&s_, 0, sizeof s_);
+    s_.struct_size = sizeof(S);
+  }
+  template <class F>
+  void field(F S::*member) {
+    F& f = s_.*member;
+    const std::size_t offset = static_cast<std::size_t>(reinterpret_cast<unsigned char*>(&f) -
+                                                        reinterpret_cast<unsigned char*>(&s_));
+    if (offset + sizeof(F) <= size_) std::memcpy(&f, p_ + offset, sizeof(F));
+  }
+  const S& get() const { return s_; }
+
+ private:
+  const unsigned char* p_;
+  std::size_t size_;
+  S s_;
+};
+
+cpuattn::AttentionOptions to_options(const cpuattn_attention_options* p) {
+  cpuattn::AttentionOptions o;
+  if (p == nullptr) return o;
+  StructReader<cpuattn_attention_options> r(p, CPUATTN_ATTENTION_OPTIONS_MIN_SIZE, "options",
+                                            "cpuattn_attention_options");
+  r.field(&cpuattn_attention_options::has_scale);
+  r.field(&cpuattn_attention_options::scale);
+  r.field(&cpuattn_attention_options::causal);
+  r.field(&cpuattn_attention_options::mask);
+  r.field(&cpuattn_attention_options::key_lengths);
+  r.field(&cpuattn_attention_options::k_scales);
+  r.field(&cpuattn_attention_options::v_scales);
+  r.field(&cpuattn_attention_options::lse);
+  r.field(&cpuattn_attention_options::weights);
+  const cpuattn_attention_options& s = r.get();
+  if (s.has_scale) o.scale = s.scale;
+  o.causal = to_causal(s.causal, "options->causal");
+  o.mask = optional_in(s.mask, "options->mask");
+  o.key_lengths = optional_in(s.key_lengths, "options->key_lengths");
+  o.k_scales = optional_in(s.k_scales, "options->k_scales");
+  o.v_scales = optional_in(s.v_scales, "options->v_scales");
+  if (s.lse) o.lse = out_view(s.lse, "options->lse");
+  if (s.weights) o.weights = out_view(s.weights, "options->weights");
+  return o;
+}
+
+cpuattn::Context* context_of(cpuattn_context* c) { return c ? &c->context : nullptr; }
+const cpuattn::Context& context_or_default(const cpuattn_context* c) {
+  return c ? c->context : cpuattn::default_context();
+}
+
+}  // namespace
+
+// ===================================================================================== C API
+
+extern "C" {
+
+const char* cpuattn_status_name(cpuattn_status status) {
+  switch (raw(status)) {
+    case CPUATTN_OK:
+      return "ok";
+    case CPUATTN_ERROR_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case CPUATTN_ERROR_OUT_OF_MEMORY:
+      return "out_of_memory";
+    case CPUATTN_ERROR_NULL_POINTER:
+      return "null_pointer";
+    case CPUATTN_ERROR_INTERNAL:
+      return "internal";
+    default:
+      return "unknown";
+  }
+}
+
+const char* cpuattn_last_error(void) {
+  const LastError& e = last_error();
+  return e.fallback ? e.fallback : e.message.c_str();
+}
+
+void cpuattn_version(int* major, int* minor, int* patch) {
+  if (major) *major = CPUATTN_VERSION_MAJOR;
+  if (minor) *minor = CPUATTN_VERSION_MINOR;
+  if (patch) *patch = CPUATTN_VERSION_PATCH;
+}
+
+const char* cpuattn_version_string(void) { return CPUATTN_VERSION_STRING; }
+
+int cpuattn_c_api_version(void) { return CPUATTN_C_API_VERSION; }
+
+const char* cpuattn_dtype_name(cpuattn_dtype dtype) {
+  const long long v = raw(dtype);
+  if (v < 0 || v > static_cast<long long>(DType::i8)) return "unknown";
+  return cpuattn::dtype_name(static_cast<DType>(v));
+}
+
+const char* cpuattn_target_name(cpuattn_target target) {
+  const long long v = raw(target);
+  if (v < 0 || v > static_cast<long long>(cpuattn::Target::best)) return "unknown";
+  return cpuattn::target_name(static_cast<cpuattn::Target>(v));
+}
+
+// ------------------------------------------------------------------------------- tensors
+
+cpuattn_status cpuattn_tensor_contiguous(cpuattn_tensor* tensor, void* data, cpuattn_dtype dtype,
+                                         int rank, const int64_t* shape) {
+  return guarded([&] {
+    need(tensor, "tensor");
+    if (rank < 0 || rank > CPUATTN_MAX_RANK) {
+      fail("cpuattn_tensor_contiguous: rank " + std::to_string(rank) + " is not in 0..4");
+    }
+    if (rank > 0) need(shape, "shape");
+    const DType d = to_dtype(dtype, "dtype");
+    // BasicView::contiguous multiplies all the sizes: check the products here (a signed
+    // overflow there would be undefined behaviour); sizes are validated where the view is used.
+    std::int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      if (__builtin_mul_overflow(stride, shape[i], &stride)) {
+        fail("cpuattn_tensor_contiguous: the strides of a shape with dimension " +
+             std::to_string(i) + " of size " + std::to_string(shape[i]) + " overflow 64 bits");
+      }
+    }
+    const auto v = cpuattn::OutputView::contiguous(data, d, shape, rank);
+    *tensor = to_c(v);
+  });
+}
+
+cpuattn_status cpuattn_tensor_blhd(cpuattn_tensor* tensor, void* data, cpuattn_dtype dtype,
+                                   int64_t B, int64_t L, int64_t H, int64_t D) {
+  return guarded([&] {
+    need(tensor, "tensor");
+    const DType d = to_dtype(dtype, "dtype");
+    std::int64_t lh = 0, lhd = 0, hd = 0;
+    if (__builtin_mul_overflow(L, H, &lh) || __builtin_mul_overflow(lh, D, &lhd) ||
+        __builtin_mul_overflow(H, D, &hd)) {
+      fail("cpuattn_tensor_blhd: B=" + std::to_string(B) + " L=" + std::to_string(L) +
+           " H=" + std::to_string(H) + " D=" + std::to_string(D) + ": strides overflow 64 bits");
+    }
+    *tensor = to_c(cpuattn::OutputView::blhd(data, d, B, L, H, D));
+  });
+}
+
+// ------------------------------------------------------------------------------- contexts
+
+cpuattn_status cpuattn_context_create(int num_threads, cpuattn_context** out) {
+  return guarded([&] {
+    need(out, "out");
+    auto c = std::unique_ptr<cpuattn_context>(new cpuattn_context{cpuattn::Context(num_threads)});
+    *out = c.release();
+  });
+}
+
+void cpuattn_context_destroy(cpuattn_context* context) { delete context; }
+
+cpuattn_status cpuattn_context_set_max_target(cpuattn_context* context, cpuattn_target target) {
+  return guarded([&] {
+    const cpuattn::Target t = to_target(target, "target");
+    (context ? context->context : cpuattn::default_context()).set_max_target(t);
+  });
+}
+
+cpuattn_status cpuattn_context_max_target(const cpuattn_context* context, cpuattn_target* out) {
+  return guarded([&] {
+    need(out, "out");
+    *out = static_cast<cpuattn_target>(context_or_default(context).max_target());
+  });
+}
+
+cpuattn_status cpuattn_context_num_threads(const cpuattn_context* context, int* out) {
+  return guarded([&] {
+    need(out, "out");
+    *out = context_or_default(context).num_threads();
+  });
+}
+
+cpuattn_status cpuattn_active_target(const cpuattn_context* context, cpuattn_target* out) {
+  return guarded([&] {
+    need(out, "out");
+    *out =
+        static_cast<cpuattn_target>(cpuattn::active_target(context ? &context->context : nullptr));
+  });
+}
+
+cpuattn_status cpuattn_supported_targets(const char** out) {
+  return guarded([&] {
+    need(out, "out");
+    static const std::string targets = cpuattn::supported_targets();
+    *out = targets.c_str();
+  });
+}
+
+// ------------------------------------------------------------------------------- attention
+
+void cpuattn_attention_options_init(cpuattn_attention_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof *options);
+  options->struct_size = sizeof *options;
+  options->has_scale = 0;
+  options->scale = 0.0;
+  options->causal = CPUATTN_CAUSAL_NONE;
+  options->mask = options->key_lengths = options->k_scales = options->v_scales = nullptr;
+  options->lse = options->weights = nullptr;
+}
+
+cpuattn_status cpuattn_attention(const cpuattn_tensor* q, const cpuattn_tensor* k,
+                                 const cpuattn_tensor* v, const cpuattn_tensor* out,
+                                 const cpuattn_attention_options* options,
+                                 cpuattn_context* context) {
+  return guarded([&] {
+    const auto qv = in(q, "q"), kv = in(k, "k"), vv = in(v, "v");
+    const auto ov = out_view(out, "out");
+    cpuattn::attention(qv, kv, vv, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_reference_attention(const cpuattn_tensor* q, const cpuattn_tensor* k,
+                                           const cpuattn_tensor* v, const cpuattn_tensor* out,
+                                           const cpuattn_attention_options* options) {
+  return guarded([&] {
+    const auto qv = in(q, "q"), kv = in(k, "k"), vv = in(v, "v");
+    const auto ov = out_view(out, "out");
+    cpuattn::reference_attention(qv, kv, vv, ov, to_options(options));
+  });
+}
+
+// ------------------------------------------------------------------------------- KV caches
+
+cpuattn_status cpuattn_kv_cache_create(int64_t batch, int64_t kv_heads, int64_t head_dim,
+                                       int64_t value_dim, int64_t capacity, int growable,
+                                       cpuattn_dtype dtype, cpuattn_kv_cache** out) {
+  return guarded([&] {
+    need(out, "out");
+    const DType d = to_dtype(dtype, "dtype");
+    auto c = std::unique_ptr<cpuattn_kv_cache>(new cpuattn_kv_cache{
+        cpuattn::KvCache(batch, kv_heads, head_dim, value_dim, capacity, growable != 0, d)});
+    *out = c.release();
+  });
+}
+
+void cpuattn_kv_cache_destroy(cpuattn_kv_cache* cache) { delete cache; }
+
+cpuattn_status cpuattn_kv_cache_length(const cpuattn_kv_cache* cache, int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.length();
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_capacity(const cpuattn_kv_cache* cache, int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.capacity();
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_append(cpuattn_kv_cache* cache, const cpuattn_tensor* k,
+                                       const cpuattn_tensor* v) {
+  return guarded([&] {
+    need(cache, "cache");
+    const auto kv = in(k, "k"), vv = in(v, "v");
+    cache->cache.append(kv, vv);
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_clear(cpuattn_kv_cache* cache) {
+  return guarded([&] { need(cache, "cache")->cache.clear(); });
+}
+
+cpuattn_status cpuattn_kv_cache_truncate(cpuattn_kv_cache* cache, int64_t length) {
+  return guarded([&] { need(cache, "cache")->cache.truncate(length); });
+}
+
+cpuattn_status cpuattn_kv_cache_reserve(cpuattn_kv_cache* cache, int64_t capacity) {
+  return guarded([&] { need(cache, "cache")->cache.reserve(capacity); });
+}
+
+cpuattn_status cpuattn_kv_cache_keys(const cpuattn_kv_cache* cache, cpuattn_tensor* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = to_c(cache->cache.keys());
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_values(const cpuattn_kv_cache* cache, cpuattn_tensor* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = to_c(cache->cache.values());
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_key_scales(const cpuattn_kv_cache* cache, cpuattn_tensor* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = scales_of(cache->cache.key_scales());
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_value_scales(const cpuattn_kv_cache* cache, cpuattn_tensor* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = scales_of(cache->cache.value_scales());
+  });
+}
+
+// ------------------------------------------------------------------------- multi-head attention
+
+void cpuattn_mha_config_init(cpuattn_mha_config* config) {
+  if (config == nullptr) return;
+  std::memset(config, 0, sizeof *config);
+  config->struct_size = sizeof *config;
+}
+
+void cpuattn_mha_weights_init(cpuattn_mha_weights* weights) {
+  if (weights == nullptr) return;
+  std::memset(weights, 0, sizeof *weights);
+  weights->struct_size = sizeof *weights;
+  weights->wq = weights->wk = weights->wv = weights->wo = nullptr;
+  weights->bq = weights->bk = weights->bv = weights->bo = nullptr;
+}
+
+cpuattn_status cpuattn_mha_create(const cpuattn_mha_config* config,
+                                  const cpuattn_mha_weights* weights, cpuattn_mha** out) {
+  return guarded([&] {
+    need(config, "config");
+    need(weights, "weights");
+    need(out, "out");
+    StructReader<cpuattn_mha_config> rc(config, CPUATTN_MHA_CONFIG_MIN_SIZE, "config",
+                                        "cpuattn_mha_config");
+    rc.field(&cpuattn_mha_config::d_model);
+    rc.field(&cpuattn_mha_config::heads);
+    rc.field(&cpuattn_mha_config::kv_heads);
+    rc.field(&cpuattn_mha_config::head_dim);
+    rc.field(&cpuattn_mha_config::value_dim);
+    StructReader<cpuattn_mha_weights> rw(weights, CPUATTN_MHA_WEIGHTS_MIN_SIZE, "weights",
+                                         "cpuattn_mha_weights");
+    rw.field(&cpuattn_mha_weights::wq);
+    rw.field(&cpuattn_mha_weights::wk);
+    rw.field(&cpuattn_mha_weights::wv);
+    rw.field(&cpuattn_mha_weights::wo);
+    rw.field(&cpuattn_mha_weights::bq);
+    rw.field(&cpuattn_mha_weights::bk);
+    rw.field(&cpuattn_mha_weights::bv);
+    rw.field(&cpuattn_mha_weights::bo);
+    const cpuattn_mha_config& c = rc.get();
+    const cpuattn_mha_weights& w = rw.get();
+    cpuattn::MhaConfig config_cpp;
+    config_cpp.d_model = c.d_model;
+    config_cpp.heads = c.heads;
+    config_cpp.kv_heads = c.kv_heads;
+    config_cpp.head_dim = c.head_dim;
+    config_cpp.value_dim = c.value_dim;
+    cpuattn::MhaWeights weights_cpp;
+    weights_cpp.wq = in(w.wq, "weights->wq");
+    weights_cpp.wk = in(w.wk, "weights->wk");
+    weights_cpp.wv = in(w.wv, "weights->wv");
+    weights_cpp.wo = in(w.wo, "weights->wo");
+    weights_cpp.bq = optional_in(w.bq, "weights->bq");
+    weights_cpp.bk = optional_in(w.bk, "weights->bk");
+    weights_cpp.bv = optional_in(w.bv, "weights->bv");
+    weights_cpp.bo = optional_in(w.bo, "weights->bo");
+    auto m = std::unique_ptr<cpuattn_mha>(
+        new cpuattn_mha{cpuattn::MultiHeadAttention(config_cpp, weights_cpp)});
+    *out = m.release();
+  });
+}
+
+void cpuattn_mha_destroy(cpuattn_mha* mha) { delete mha; }
+
+cpuattn_status cpuattn_mha_get_config(const cpuattn_mha* mha, cpuattn_mha_config* out) {
+  return guarded([&] {
+    need(mha, "mha");
+    need(out, "out");
+    const std::size_t size =
+        checked_size(out, CPUATTN_MHA_CONFIG_MIN_SIZE, "out", "cpuattn_mha_config");
+    const cpuattn::MhaConfig& c = mha->mha.config();
+    auto* bytes = reinterpret_cast<unsigned char*>(out);
+    auto put = [&](std::size_t offset, std::int64_t value) {
+      if (offset + sizeof value <= size) std::memcpy(bytes + offset, &value, sizeof value);
+    };
+    put(offsetof(cpuattn_mha_config, d_model), c.d_model);
+    put(offsetof(cpuattn_mha_config, heads), c.heads);
+    put(offsetof(cpuattn_mha_config, kv_heads), c.kv_heads);
+    put(offsetof(cpuattn_mha_config, head_dim), c.head_dim);
+    put(offsetof(cpuattn_mha_config, value_dim), c.value_dim);
+  });
+}
+
+cpuattn_status cpuattn_mha_forward(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                   const cpuattn_tensor* out,
+                                   const cpuattn_attention_options* options,
+                                   cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto xv = in(x, "x");
+    const auto ov = out_view(out, "out");
+    mha->mha.forward(xv, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_mha_forward_cross(const cpuattn_mha* mha, const cpuattn_tensor* xq,
+                                         const cpuattn_tensor* xkv, const cpuattn_tensor* out,
+                                         const cpuattn_attention_options* options,
+                                         cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto qv = in(xq, "xq"), kvv = in(xkv, "xkv");
+    const auto ov = out_view(out, "out");
+    mha->mha.forward_cross(qv, kvv, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_mha_decode(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                  cpuattn_kv_cache* cache, const cpuattn_tensor* out,
+                                  const cpuattn_attention_options* options,
+                                  cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto xv = in(x, "x");
+    need(cache, "cache");
+    const auto ov = out_view(out, "out");
+    mha->mha.decode(xv, cache->cache, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_mha_make_cache(const cpuattn_mha* mha, int64_t batch, int64_t capacity,
+                                      int growable, cpuattn_dtype dtype, cpuattn_kv_cache** out) {
+  return guarded([&] {
+    need(mha, "mha");
+    need(out, "out");
+    const DType d = to_dtype(dtype, "dtype");
+    auto c = std::unique_ptr<cpuattn_kv_cache>(
+        new cpuattn_kv_cache{mha->mha.make_cache(batch, capacity, growable != 0, d)});
+    *out = c.release();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,1071 @@
+/* Tests of the C API (include/cpuattn/cpuattn_c.h), written in C99 and compiled with
+ * -std=c99 -Wall -Wextra -pedantic -Werror: the header is plain C, and every entry point is
+ * exercised from C. No GoogleTest: main() returns 1 when any check fails, after printing each
+ * failure (file:line, the check, and the library's last error).
+ *
+ * Covered: results against the double-precision reference (plain, causal + key lengths + lse,
+ * scale + bottom-right + mask, weights), contexts (2 threads, a target cap, the default context),
+ * KV caches (append + attention, truncate, clear, int8 scales) and multi-head attention (decode
+ * through a cache matches the causal forward pass), and every status code:
+ *   CPUATTN_ERROR_INVALID_ARGUMENT  bad shapes (message = the C++ cpuattn::Error text), bad enums,
+ *                                   struct_size rules, an absurd KV cache (1 << 50 tokens);
+ *   CPUATTN_ERROR_NULL_POINTER      NULL arguments;
+ *   CPUATTN_ERROR_OUT_OF_MEMORY     a KV cache of 2^38 tokens under an address-space limit
+ *                                   (skipped under sanitizers, whose allocators abort instead of
+ *                                   throwing std::bad_alloc);
+ *   CPUATTN_ERROR_INTERNAL          cannot be triggered from outside: the C++ API throws only
+ *                                   cpuattn::Error and std::bad_alloc, so the catch-all that maps
+ *                                   any other exception is a safety net; only its name is checked.
+ * Every failing call must leave its outputs untouched and set cpuattn_last_error(); every
+ * successful one clears it. A status coming back at all shows that no exception crossed. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cpuattn/cpuattn_c.h"
+
+/* ----------------------------------------------------------------------------- test harness */
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    ++g_checks;                                                                               \
+    if (!(cond)) {                                                                            \
+      ++g_failures;                                                                           \
+      fprintf(stderr, "%s:%d: FAILED: %s\n  last error: \"%s\"\n", __FILE__, __LINE__, #cond, \
+              cpuattn_last_error());                                                          \
+    }                                                                                         \
+  } while (0)
+
+/* Runs a call and checks its status (prints both names on a mismatch). */
+#define EXPECT_STATUS(expected, call)                                                              \
+  do {                                                                                             \
+    cpuattn_status got_ = (call);                                                                  \
+    ++g_checks;                                                                                    \
+    if (got_ != (expected)) {                                                                      \
+      ++g_failures;                                                                                \
+      fprintf(stderr, "%s:%d: FAILED: %s\n  status %s, expected %s\n  last error: \"%s\"\n",       \
+              __FILE__, __LINE__, #call, cpuattn_status_name(got_), cpuattn_status_name(expected), \
+              cpuattn_last_error());                                                               \
+    }                                                                                              \
+  } while (0)
+
+#define EXPECT_OK(call) EXPECT_STATUS(CPUATTN_OK, call)
+
+static int starts_with(const char* s, const char* prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+static int contains(const char* s, const char* part) { return strstr(s, part) != NULL; }
+
+/* A failed call's message: starts with "cpuattn: " and contains `part`. */
+#define EXPECT_MESSAGE(part)                                                                    \
+  do {                                                                                          \
+    const char* msg_ = cpuattn_last_error();                                                    \
+    CHECK(starts_with(msg_, "cpuattn: "));                                                      \
+    ++g_checks;                                                                                 \
+    if (!contains(msg_, part)) {                                                                \
+      ++g_failures;                                                                             \
+      fprintf(stderr, "%s:%d: FAILED: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, msg_, \
+              part);                                                                            \
+    }                                                                                           \
+  } while (0)
+
+/* ------------------------------------------------------------------------------ helpers */
+
+static uint32_t g_seed = 12345u;
+/* Uniform in [-1, 1), a fixed-seed LCG (the same data on every run and platform). */
+static float rnd(void) {
+  g_seed = g_seed * 1664525u + 1013904223u;
+  return (float)((g_seed >> 8) & 0xFFFFFFu) / 8388608.0f - 1.0f;
+}
+
+static float* random_floats(size_t n, float amplitude) {
+  size_t i;
+  float* p = (float*)malloc(n * sizeof(float));
+  if (p == NULL) {
+    fprintf(stderr, "malloc failed\n");
+    exit(2);
+  }
+  for (i = 0; i < n; ++i) p[i] = amplitude * rnd();
+  return p;
+}
+
+static float* filled(size_t n, float value) {
+  size_t i;
+  float* p = (float*)malloc(n * sizeof(float));
+  if (p == NULL) {
+    fprintf(stderr, "malloc failed\n");
+    exit(2);
+  }
+  for (i = 0; i < n; ++i) p[i] = value;
+  return p;
+}
+
+static const float kSentinel = 12345.0f;
+
+static int all_equal(const float* p, size_t n, float value) {
+  size_t i;
+  for (i = 0; i < n; ++i)
+    if (p[i] != value) return 0;
+  return 1;
+}
+
+/* |got - want| <= atol + rtol * |want| for every element (matching infinities too); prints the
+ * first mismatch. */
+static int close_to(const float* got, const float* want, size_t n, double rtol, double atol,
+                    const char* what) {
+  size_t i;
+  for (i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    if (isinf(w) && g == w) continue;
+    if (!(fabs(g - w) <= atol + rtol * fabs(w))) {
+      fprintf(stderr, "  %s: element %lu: got %.9g, want %.9g\n", what, (unsigned long)i, g, w);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static cpuattn_tensor tensor(void* data, cpuattn_dtype dtype, int rank, int64_t a, int64_t b,
+                             int64_t c, int64_t d) {
+  cpuattn_tensor t;
+  int64_t shape[4];
+  shape[0] = a;
+  shape[1] = b;
+  shape[2] = c;
+  shape[3] = d;
+  memset(&t, 0, sizeof t);
+  if (cpuattn_tensor_contiguous(&t, data, dtype, rank, shape) != CPUATTN_OK) {
+    fprintf(stderr, "cpuattn_tensor_contiguous failed: %s\n", cpuattn_last_error());
+    exit(2);
+  }
+  return t;
+}
+
+static cpuattn_tensor f32_4d(float* data, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return tensor(data, CPUATTN_DTYPE_F32, 4, a, b, c, d);
+}
+static cpuattn_tensor f32_3d(float* data, int64_t a, int64_t b, int64_t c) {
+  return tensor(data, CPUATTN_DTYPE_F32, 3, a, b, c, 0);
+}
+
+/* Relative tolerance of the f32 fast path against the double reference. */
+static const double kRtol = 1e-4, kAtol = 2e-5;
+
+/* ---------------------------------------------------------------------------- basics */
+
+static void test_version_and_names(void) {
+  int major = -1, minor = -1, patch = -1;
+  char buf[64];
+  cpuattn_version(&major, &minor, &patch);
+  CHECK(major == 0 && minor == 1 && patch == 0);
+  sprintf(buf, "%d.%d.%d", major, minor, patch);
+  CHECK(strcmp(buf, cpuattn_version_string()) == 0);
+  cpuattn_version(NULL, NULL, NULL); /* NULLs are skipped */
+  CHECK(cpuattn_c_api_version() == CPUATTN_C_API_VERSION);
+
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_OK), "ok") == 0);
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_INVALID_ARGUMENT), "invalid_argument") == 0);
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_OUT_OF_MEMORY), "out_of_memory") == 0);
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_NULL_POINTER), "null_pointer") == 0);
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_INTERNAL), "internal") == 0);
+  CHECK(strcmp(cpuattn_status_name((cpuattn_status)77), "unknown") == 0);
+  CHECK(strcmp(cpuattn_status_name((cpuattn_status)-1), "unknown") == 0);
+
+  CHECK(strcmp(cpuattn_dtype_name(CPUATTN_DTYPE_F32), "float32") == 0);
+  CHECK(strcmp(cpuattn_dtype_name(CPUATTN_DTYPE_BF16), "bfloat16") == 0);
+  CHECK(strcmp(cpuattn_dtype_name(CPUATTN_DTYPE_I8), "int8") == 0);
+  CHECK(strcmp(cpuattn_dtype_name((cpuattn_dtype)99), "unknown") == 0);
+  CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_SCALAR), "scalar") == 0);
+  CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_AVX512_BF16), "avx512_bf16") == 0);
+  CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_BEST), "best") == 0);
+  CHECK(strcmp(cpuattn_target_name((cpuattn_target)-3), "unknown") == 0);
+  CHECK(cpuattn_last_error() != NULL);
+}
+
+static void test_tensor_helpers(void) {
+  float x[2 * 3 * 4 * 5];
+  int64_t shape[3] = {3, 4, 5};
+  cpuattn_tensor t;
+  EXPECT_OK(cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 3, shape));
+  CHECK(t.data == (void*)x && t.dtype == CPUATTN_DTYPE_F32 && t.rank == 3);
+  CHECK(t.shape[0] == 3 && t.shape[1] == 4 && t.shape[2] == 5);
+  CHECK(t.strides[0] == 20 && t.strides[1] == 5 && t.strides[2] == 1);
+  EXPECT_OK(cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 0, NULL));
+  CHECK(t.rank == 0);
+
+  /* [B, H, L, D] view of [B, L, H, D] memory: B=2, L=3, H=4, D=5. */
+  EXPECT_OK(cpuattn_tensor_blhd(&t, x, CPUATTN_DTYPE_F32, 2, 3, 4, 5));
+  CHECK(t.rank == 4 && t.shape[0] == 2 && t.shape[1] == 4 && t.shape[2] == 3 && t.shape[3] == 5);
+  CHECK(t.strides[0] == 60 && t.strides[1] == 5 && t.strides[2] == 20 && t.strides[3] == 1);
+
+  /* Failures leave the descriptor alone. */
+  t.rank = 42;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 5, shape));
+  EXPECT_MESSAGE("rank 5");
+  CHECK(t.rank == 42);
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_tensor_contiguous(&t, x, (cpuattn_dtype)8, 3, shape));
+  EXPECT_MESSAGE("dtype 8");
+  CHECK(t.rank == 42);
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 2, NULL));
+  EXPECT_MESSAGE("shape is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                cpuattn_tensor_contiguous(NULL, x, CPUATTN_DTYPE_F32, 3, shape));
+  EXPECT_MESSAGE("tensor is NULL");
+  shape[0] = 2;
+  shape[1] = INT64_MAX / 2;
+  shape[2] = 3;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 3, shape));
+  EXPECT_MESSAGE("overflow 64 bits");
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_tensor_blhd(&t, x, CPUATTN_DTYPE_F32, 2, INT64_MAX, 4, 5));
+  EXPECT_MESSAGE("overflow");
+  CHECK(t.rank == 42);
+}
+
+/* ------------------------------------------------------------------------- attention */
+
+enum { B = 2, H = 4, HKV = 2, LQ = 5, LK = 7, D = 8, DV = 6 };
+#define NQ ((size_t)B * H * LQ * D)
+#define NK ((size_t)B * HKV * LK * D)
+#define NV ((size_t)B * HKV * LK * DV)
+#define NO ((size_t)B * H * LQ * DV)
+#define NL ((size_t)B * H * LQ)
+
+/* Runs the fast path (with `ctx`) and the reference on the same arguments and compares out
+ * (and lse, when `with_lse`). */
+static void compare_with_reference(const char* what, cpuattn_attention_options* opts,
+                                   cpuattn_context* ctx, int with_lse) {
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* want = filled(NO, -kSentinel);
+  float* lse = filled(NL, kSentinel);
+  float* want_lse = filled(NL, -kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV);
+  cpuattn_tensor to = f32_4d(out, B, H, LQ, DV), tw = f32_4d(want, B, H, LQ, DV);
+  cpuattn_tensor tl = f32_3d(lse, B, H, LQ), twl = f32_3d(want_lse, B, H, LQ);
+
+  if (opts && with_lse) opts->lse = &tl;
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, opts, ctx));
+  CHECK(cpuattn_last_error()[0] == '\0');
+  if (opts && with_lse) opts->lse = &twl;
+  EXPECT_OK(cpuattn_reference_attention(&tq, &tk, &tv, &tw, opts));
+  if (opts) opts->lse = NULL;
+  if (!close_to(out, want, NO, kRtol, kAtol, what)) {
+    ++g_failures;
+    fprintf(stderr, "FAILED: %s: fast path differs from the reference\n", what);
+  }
+  ++g_checks;
+  if (with_lse) {
+    ++g_checks;
+    if (!close_to(lse, want_lse, NL, kRtol, kAtol, what)) {
+      ++g_failures;
+      fprintf(stderr, "FAILED: %s: lse differs from the reference\n", what);
+    }
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(want);
+  free(lse);
+  free(want_lse);
+}
+
+static void test_attention_matches_reference(void) {
+  cpuattn_attention_options opts;
+  int32_t lengths[B] = {LK, 3};
+  int32_t zero_lengths[B] = {LK, 0};
+  unsigned char mask[LQ * LK];
+  cpuattn_tensor tlen = tensor(lengths, CPUATTN_DTYPE_I32, 1, B, 0, 0, 0);
+  cpuattn_tensor tzero = tensor(zero_lengths, CPUATTN_DTYPE_I32, 1, B, 0, 0, 0);
+  cpuattn_tensor tmask = tensor(mask, CPUATTN_DTYPE_BOOL, 2, LQ, LK, 0, 0);
+  int i;
+  for (i = 0; i < LQ * LK; ++i) mask[i] = (unsigned char)((i * 7 + 3) % 4 != 0);
+  for (i = 0; i < LQ; ++i) mask[i * LK] = 1; /* every row keeps key 0 */
+
+  compare_with_reference("no options", NULL, NULL, 0);
+
+  cpuattn_attention_options_init(&opts);
+  CHECK(opts.struct_size == sizeof(cpuattn_attention_options));
+  CHECK(opts.has_scale == 0 && opts.causal == CPUATTN_CAUSAL_NONE && opts.mask == NULL &&
+        opts.key_lengths == NULL && opts.lse == NULL && opts.weights == NULL);
+  compare_with_reference("default options + lse", &opts, NULL, 1);
+
+  opts.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  opts.key_lengths = &tlen;
+  compare_with_reference("causal top-left + key_lengths + lse", &opts, NULL, 1);
+
+  /* A fully masked row: out 0, lse -inf, in both. */
+  opts.key_lengths = &tzero;
+  compare_with_reference("key_lengths 0 + lse", &opts, NULL, 1);
+
+  cpuattn_attention_options_init(&opts);
+  opts.has_scale = 1;
+  opts.scale = 0.5;
+  opts.causal = CPUATTN_CAUSAL_BOTTOM_RIGHT;
+  opts.mask = &tmask;
+  compare_with_reference("scale 0.5 + bottom-right + bool mask + lse", &opts, NULL, 1);
+}
+
+/* The weights output: each row sums to 1 and the call matches the reference. */
+static void test_weights_output(void) {
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* w = filled((size_t)B * H * LQ * LK, kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tw = f32_4d(w, B, H, LQ, LK);
+  cpuattn_attention_options opts;
+  size_t row;
+  cpuattn_attention_options_init(&opts);
+  opts.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  opts.weights = &tw;
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  for (row = 0; row < (size_t)B * H * LQ; ++row) {
+    double sum = 0;
+    int j;
+    for (j = 0; j < LK; ++j) sum += w[row * LK + j];
+    CHECK(fabs(sum - 1.0) < 1e-5);
+    CHECK(w[row * LK + LK - 1] == 0.0f); /* causal top-left, Lq < Lk: the last key is unseen */
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(w);
+}
+
+/* ---------------------------------------------------------------------------- contexts */
+
+static void test_contexts(void) {
+  cpuattn_context* ctx = NULL;
+  cpuattn_target t = CPUATTN_TARGET_BEST, saved = CPUATTN_TARGET_BEST;
+  const char* targets = NULL;
+  int threads = -1;
+  cpuattn_attention_options opts;
+
+  EXPECT_OK(cpuattn_context_create(2, &ctx));
+  CHECK(ctx != NULL);
+  EXPECT_OK(cpuattn_context_num_threads(ctx, &threads));
+  CHECK(threads == 2);
+  EXPECT_OK(cpuattn_context_max_target(ctx, &t));
+  CHECK(t == CPUATTN_TARGET_BEST);
+
+  EXPECT_OK(cpuattn_supported_targets(&targets));
+  CHECK(targets != NULL && contains(targets, "scalar"));
+
+  /* Capped to scalar: that is what runs, and the result still matches the reference. */
+  EXPECT_OK(cpuattn_context_set_max_target(ctx, CPUATTN_TARGET_SCALAR));
+  EXPECT_OK(cpuattn_context_max_target(ctx, &t));
+  CHECK(t == CPUATTN_TARGET_SCALAR);
+  EXPECT_OK(cpuattn_active_target(ctx, &t));
+  CHECK(t == CPUATTN_TARGET_SCALAR);
+  cpuattn_attention_options_init(&opts);
+  opts.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  compare_with_reference("2 threads, scalar cap", &opts, ctx, 1);
+
+  /* Uncapped: the best target of this machine, the first one supported_targets names. */
+  EXPECT_OK(cpuattn_context_set_max_target(ctx, CPUATTN_TARGET_BEST));
+  EXPECT_OK(cpuattn_active_target(ctx, &t));
+  CHECK(starts_with(targets, cpuattn_target_name(t)));
+  compare_with_reference("2 threads, best target", &opts, ctx, 1);
+
+  /* An unknown target is an error that changes nothing. */
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_context_set_max_target(ctx, (cpuattn_target)99));
+  EXPECT_MESSAGE("target 99");
+  EXPECT_OK(cpuattn_context_max_target(ctx, &t));
+  CHECK(t == CPUATTN_TARGET_BEST);
+
+  /* Negative thread counts: the C++ Context throws; *out stays as it was. */
+  {
+    cpuattn_context* before = ctx;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_context_create(-1, &ctx));
+    EXPECT_MESSAGE("num_threads must be >= 0");
+    CHECK(ctx == before);
+  }
+
+  /* NULL context = the default context (0 threads: the caller's arena). */
+  EXPECT_OK(cpuattn_context_num_threads(NULL, &threads));
+  CHECK(threads == 0);
+  EXPECT_OK(cpuattn_context_max_target(NULL, &saved));
+  EXPECT_OK(cpuattn_context_set_max_target(NULL, CPUATTN_TARGET_SCALAR));
+  EXPECT_OK(cpuattn_active_target(NULL, &t));
+  CHECK(t == CPUATTN_TARGET_SCALAR);
+  compare_with_reference("default context, scalar cap", &opts, NULL, 1);
+  EXPECT_OK(cpuattn_context_set_max_target(NULL, saved));
+
+  cpuattn_context_destroy(ctx);
+  cpuattn_context_destroy(NULL);
+}
+
+/* --------------------------------------------------------------------------- KV caches */
+
+static void test_kv_cache_and_attention(void) {
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* want = filled(NO, -kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tw = f32_4d(want, B, H, LQ, DV);
+  cpuattn_tensor k1, v1, k2, v2, keys, values, scales;
+  cpuattn_kv_cache* cache = NULL;
+  int64_t n = -1;
+
+  /* Growable, capacity 3: grows while 4 + 3 tokens are appended as strided slices. */
+  EXPECT_OK(cpuattn_kv_cache_create(B, HKV, D, DV, 3, 1, CPUATTN_DTYPE_F32, &cache));
+  k1 = tk;
+  k1.shape[2] = 4;
+  v1 = tv;
+  v1.shape[2] = 4;
+  k2 = tk;
+  k2.data = k + 4 * D;
+  k2.shape[2] = 3;
+  v2 = tv;
+  v2.data = v + 4 * DV;
+  v2.shape[2] = 3;
+  EXPECT_OK(cpuattn_kv_cache_append(cache, &k1, &v1));
+  EXPECT_OK(cpuattn_kv_cache_append(cache, &k2, &v2));
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == LK);
+  EXPECT_OK(cpuattn_kv_cache_capacity(cache, &n));
+  CHECK(n >= LK);
+
+  EXPECT_OK(cpuattn_kv_cache_keys(cache, &keys));
+  EXPECT_OK(cpuattn_kv_cache_values(cache, &values));
+  CHECK(keys.rank == 4 && keys.shape[0] == B && keys.shape[1] == HKV && keys.shape[2] == LK &&
+        keys.shape[3] == D && keys.dtype == CPUATTN_DTYPE_F32);
+  CHECK(values.rank == 4 && values.shape[2] == LK && values.shape[3] == DV);
+  CHECK(((const float*)keys.data)[keys.strides[0] + 2 * keys.strides[2] + 1] ==
+        k[(size_t)1 * HKV * LK * D + 2 * D + 1]);
+  EXPECT_OK(cpuattn_kv_cache_key_scales(cache, &scales));
+  CHECK(scales.data == NULL && scales.rank == 0); /* f32 cache: no scales */
+
+  /* Attention over the cache's views = attention over the original K and V. */
+  EXPECT_OK(cpuattn_attention(&tq, &keys, &values, &to, NULL, NULL));
+  EXPECT_OK(cpuattn_reference_attention(&tq, &tk, &tv, &tw, NULL));
+  ++g_checks;
+  if (!close_to(out, want, NO, kRtol, kAtol, "attention over a KV cache")) {
+    ++g_failures;
+    fprintf(stderr, "FAILED: attention over a KV cache differs from the reference\n");
+  }
+
+  /* truncate / clear; truncating past the length is an error that changes nothing. */
+  EXPECT_OK(cpuattn_kv_cache_truncate(cache, 4));
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == 4);
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_kv_cache_truncate(cache, 10));
+  EXPECT_MESSAGE("truncate(10)");
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == 4);
+  EXPECT_OK(cpuattn_kv_cache_clear(cache));
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == 0);
+  EXPECT_OK(cpuattn_kv_cache_reserve(cache, 64));
+  EXPECT_OK(cpuattn_kv_cache_capacity(cache, &n));
+  CHECK(n >= 64);
+  cpuattn_kv_cache_destroy(cache);
+  cpuattn_kv_cache_destroy(NULL);
+
+  /* A fixed cache that would overflow: an error, nothing stored. */
+  EXPECT_OK(cpuattn_kv_cache_create(B, HKV, D, DV, 5, 0, CPUATTN_DTYPE_F32, &cache));
+  EXPECT_OK(cpuattn_kv_cache_append(cache, &k1, &v1));
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_kv_cache_append(cache, &k2, &v2));
+  EXPECT_MESSAGE("capacity 5");
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == 4);
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_kv_cache_reserve(cache, 100));
+  cpuattn_kv_cache_destroy(cache);
+
+  /* int8: scales are there, and attention with them matches the reference within int8 error. */
+  {
+    cpuattn_tensor vscales;
+    cpuattn_attention_options opts;
+    EXPECT_OK(cpuattn_kv_cache_create(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, &cache));
+    EXPECT_OK(cpuattn_kv_cache_append(cache, &tk, &tv));
+    EXPECT_OK(cpuattn_kv_cache_keys(cache, &keys));
+    EXPECT_OK(cpuattn_kv_cache_values(cache, &values));
+    EXPECT_OK(cpuattn_kv_cache_key_scales(cache, &scales));
+    EXPECT_OK(cpuattn_kv_cache_value_scales(cache, &vscales));
+    CHECK(keys.dtype == CPUATTN_DTYPE_I8 && values.dtype == CPUATTN_DTYPE_I8);
+    CHECK(scales.data != NULL && scales.dtype == CPUATTN_DTYPE_F32 && scales.rank == 3 &&
+          scales.shape[2] == LK);
+    CHECK(vscales.data != NULL && vscales.rank == 3);
+    /* Without the scales: the C++ API's error about k_scales. */
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_attention(&tq, &keys, &values, &to, NULL, NULL));
+    EXPECT_MESSAGE("k_scales");
+    cpuattn_attention_options_init(&opts);
+    opts.k_scales = &scales;
+    opts.v_scales = &vscales;
+    EXPECT_OK(cpuattn_attention(&tq, &keys, &values, &to, &opts, NULL));
+    ++g_checks;
+    if (!close_to(out, want, NO, 0.0, 0.03, "int8 KV cache")) {
+      ++g_failures;
+      fprintf(stderr, "FAILED: attention over an int8 KV cache differs from the reference\n");
+    }
+    cpuattn_kv_cache_destroy(cache);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(want);
+}
+
+/* -------------------------------------------------------------------- multi-head attention */
+
+enum { DM = 16, MH = 4, MHKV = 2, HD = 4, MB = 2, T = 6 };
+
+typedef struct mha_fixture {
+  float *wq, *wk, *wv, *wo, *bq, *bo;
+  cpuattn_tensor twq, twk, twv, two, tbq, tbo;
+  cpuattn_mha_config config;
+  cpuattn_mha_weights weights;
+} mha_fixture;
+
+static void mha_fixture_init(mha_fixture* f) {
+  f->wq = random_floats((size_t)DM * MH * HD, 0.4f);
+  f->wk = random_floats((size_t)DM * MHKV * HD, 0.4f);
+  f->wv = random_floats((size_t)DM * MHKV * HD, 0.4f);
+  f->wo = random_floats((size_t)MH * HD * DM, 0.4f);
+  f->bq = random_floats((size_t)MH * HD, 0.1f);
+  f->bo = random_floats((size_t)DM, 0.1f);
+  f->twq = tensor(f->wq, CPUATTN_DTYPE_F32, 2, DM, MH * HD, 0, 0);
+  f->twk = tensor(f->wk, CPUATTN_DTYPE_F32, 2, DM, MHKV * HD, 0, 0);
+  f->twv = tensor(f->wv, CPUATTN_DTYPE_F32, 2, DM, MHKV * HD, 0, 0);
+  f->two = tensor(f->wo, CPUATTN_DTYPE_F32, 2, MH * HD, DM, 0, 0);
+  f->tbq = tensor(f->bq, CPUATTN_DTYPE_F32, 1, MH * HD, 0, 0, 0);
+  f->tbo = tensor(f->bo, CPUATTN_DTYPE_F32, 1, DM, 0, 0, 0);
+  cpuattn_mha_config_init(&f->config);
+  f->config.d_model = DM;
+  f->config.heads = MH;
+  f->config.kv_heads = MHKV;
+  cpuattn_mha_weights_init(&f->weights);
+  f->weights.wq = &f->twq;
+  f->weights.wk = &f->twk;
+  f->weights.wv = &f->twv;
+  f->weights.wo = &f->two;
+  f->weights.bq = &f->tbq;
+  f->weights.bo = &f->tbo;
+}
+
+static void mha_fixture_free(mha_fixture* f) {
+  free(f->wq);
+  free(f->wk);
+  free(f->wv);
+  free(f->wo);
+  free(f->bq);
+  free(f->bo);
+}
+
+/* Decoding 3 + 1 + 2 tokens through a KV cache gives the rows of one causal forward pass. */
+static void test_mha_decode_matches_forward(void) {
+  mha_fixture f;
+  cpuattn_mha* mha = NULL;
+  cpuattn_mha_config got;
+  float* x = random_floats((size_t)MB * T * DM, 1.0f);
+  float* want = filled((size_t)MB * T * DM, kSentinel);
+  float* out = filled((size_t)MB * T * DM, kSentinel);
+  cpuattn_tensor tx = f32_3d(x, MB, T, DM), twant = f32_3d(want, MB, T, DM);
+  cpuattn_attention_options causal;
+  cpuattn_context* ctx = NULL;
+  int growable;
+  mha_fixture_init(&f);
+
+  EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &mha));
+  CHECK(mha != NULL);
+  cpuattn_mha_config_init(&got);
+  EXPECT_OK(cpuattn_mha_get_config(mha, &got));
+  CHECK(got.d_model == DM && got.heads == MH && got.kv_heads == MHKV && got.head_dim == HD &&
+        got.value_dim == HD);
+  EXPECT_OK(cpuattn_context_create(2, &ctx));
+
+  cpuattn_attention_options_init(&causal);
+  causal.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  EXPECT_OK(cpuattn_mha_forward(mha, &tx, &twant, &causal, ctx));
+  CHECK(!all_equal(want, (size_t)MB * T * DM, kSentinel));
+
+  for (growable = 0; growable <= 1; ++growable) {
+    cpuattn_kv_cache* cache = NULL;
+    const int64_t steps[3] = {3, 1, 2};
+    int64_t pos = 0, len = -1;
+    int s;
+    if (growable) {
+      EXPECT_OK(cpuattn_kv_cache_create(MB, MHKV, HD, HD, 1, 1, CPUATTN_DTYPE_F32, &cache));
+    } else {
+      EXPECT_OK(cpuattn_mha_make_cache(mha, MB, T, 0, CPUATTN_DTYPE_F32, &cache));
+    }
+    for (s = 0; s < 3; ++s) {
+      const int64_t n = steps[s];
+      int64_t b;
+      /* Tokens [pos, pos + n) of every sequence: strided slices of x and out. */
+      cpuattn_tensor xs = tx, os = f32_3d(out, MB, T, DM);
+      xs.data = x + pos * DM;
+      xs.shape[1] = n;
+      os.data = out + pos * DM;
+      os.shape[1] = n;
+      EXPECT_OK(cpuattn_mha_decode(mha, &xs, cache, &os, NULL, growable ? NULL : ctx));
+      for (b = 0; b < MB; ++b) {
+        const size_t at = (size_t)(b * T + pos) * DM;
+        ++g_checks;
+        if (!close_to(out + at, want + at, (size_t)n * DM, kRtol, kAtol, "mha decode")) {
+          ++g_failures;
+          fprintf(stderr, "FAILED: decode tokens [%d, %d) of batch %d (growable %d)\n", (int)pos,
+                  (int)(pos + n), (int)b, growable);
+        }
+      }
+      pos += n;
+      EXPECT_OK(cpuattn_kv_cache_length(cache, &len));
+      CHECK(len == pos);
+    }
+    /* The fixed cache is full: one more token fails, changing neither out nor the cache. */
+    if (!growable) {
+      float one_out[MB * DM];
+      cpuattn_tensor xs = tx, os = f32_3d(one_out, MB, 1, DM);
+      int i;
+      for (i = 0; i < MB * DM; ++i) one_out[i] = kSentinel;
+      xs.shape[1] = 1;
+      EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                    cpuattn_mha_decode(mha, &xs, cache, &os, NULL, NULL));
+      EXPECT_MESSAGE("capacity 6");
+      CHECK(all_equal(one_out, MB * DM, kSentinel));
+      EXPECT_OK(cpuattn_kv_cache_length(cache, &len));
+      CHECK(len == T);
+    }
+    cpuattn_kv_cache_destroy(cache);
+  }
+
+  /* Cross attention of x with itself = bidirectional self-attention. */
+  {
+    float* self = filled((size_t)MB * T * DM, kSentinel);
+    cpuattn_tensor tself = f32_3d(self, MB, T, DM), tout = f32_3d(out, MB, T, DM);
+    EXPECT_OK(cpuattn_mha_forward(mha, &tx, &tself, NULL, NULL));
+    EXPECT_OK(cpuattn_mha_forward_cross(mha, &tx, &tx, &tout, NULL, ctx));
+    ++g_checks;
+    if (!close_to(out, self, (size_t)MB * T * DM, kRtol, kAtol, "forward_cross")) {
+      ++g_failures;
+      fprintf(stderr, "FAILED: forward_cross(x, x) differs from forward(x)\n");
+    }
+    free(self);
+  }
+
+  cpuattn_context_destroy(ctx);
+  cpuattn_mha_destroy(mha);
+  cpuattn_mha_destroy(NULL);
+  mha_fixture_free(&f);
+  free(x);
+  free(want);
+  free(out);
+}
+
+/* ------------------------------------------------------------------------------ errors */
+
+/* CPUATTN_ERROR_INVALID_ARGUMENT from the C++ API: the message is cpuattn::Error::what(), as
+ * README.md documents it ("cpuattn: K has D=4 but Q has D=8 (Q [...], K [...], ...)"), and the
+ * output is untouched. */
+static void test_invalid_argument(void) {
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* lse = filled(NL, kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D / 2);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tl = f32_3d(lse, B, H, LQ);
+  cpuattn_attention_options opts;
+  cpuattn_attention_options_init(&opts);
+  opts.lse = &tl;
+
+  /* K's D (4) disagrees with Q's (8). */
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("K has D=4 but Q has D=8 (Q [2,4,5,8], K [2,2,7,4], V [2,2,7,6], out [2,4,5,6])");
+  CHECK(all_equal(out, NO, kSentinel));
+  CHECK(all_equal(lse, NL, kSentinel));
+  /* The reference validates the same way and says the same. */
+  {
+    char fast_message[1024];
+    strncpy(fast_message, cpuattn_last_error(), sizeof fast_message - 1);
+    fast_message[sizeof fast_message - 1] = '\0';
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_reference_attention(&tq, &tk, &tv, &to, &opts));
+    CHECK(strcmp(fast_message, cpuattn_last_error()) == 0);
+    CHECK(all_equal(out, NO, kSentinel));
+  }
+
+  /* Last error: a status-returning success clears it; name-only functions leave it. */
+  CHECK(cpuattn_last_error()[0] != '\0');
+  (void)cpuattn_status_name(CPUATTN_OK);
+  (void)cpuattn_target_name(CPUATTN_TARGET_BEST);
+  CHECK(cpuattn_last_error()[0] != '\0');
+  {
+    cpuattn_target t;
+    EXPECT_OK(cpuattn_active_target(NULL, &t));
+    CHECK(strcmp(cpuattn_last_error(), "") == 0);
+  }
+
+  /* Other checks of the C++ API, each naming its argument. */
+  tk = f32_4d(k, B, HKV, LK, D);
+  to.strides[3] = 2; /* out's last dimension not contiguous */
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, NULL, NULL));
+  EXPECT_MESSAGE("out [2,4,5,6]: the last dimension must be contiguous");
+  to = f32_4d(out, B, H, LQ, DV);
+  tq.data = NULL; /* a descriptor with NULL data: the C++ check, not a NULL argument */
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, NULL, NULL));
+  EXPECT_MESSAGE("Q [2,4,5,8]: data is null");
+  tq.data = q;
+  opts.lse = NULL;
+  opts.has_scale = 1;
+  opts.scale = -1.0;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("scale");
+  CHECK(all_equal(out, NO, kSentinel));
+
+  /* Checks of the C layer: enums a C caller may set to anything. */
+  cpuattn_attention_options_init(&opts);
+  opts.causal = (cpuattn_causal)7;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("options->causal 7");
+  tv.dtype = (cpuattn_dtype)-5;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, NULL, NULL));
+  EXPECT_MESSAGE("v.dtype -5");
+  tv.dtype = CPUATTN_DTYPE_F32;
+  CHECK(all_equal(out, NO, kSentinel));
+
+  /* An absurd KV cache: the C++ API rejects 2^50 tokens as too large (cpuattn::Error), before
+   * allocating; *out is untouched. */
+  {
+    cpuattn_kv_cache* cache = (cpuattn_kv_cache*)&tq; /* a sentinel address */
+    EXPECT_STATUS(
+        CPUATTN_ERROR_INVALID_ARGUMENT,
+        cpuattn_kv_cache_create(1, 8, 128, 128, (int64_t)1 << 50, 0, CPUATTN_DTYPE_F32, &cache));
+    EXPECT_MESSAGE("KvCache: too large");
+    CHECK(cache == (cpuattn_kv_cache*)&tq);
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_kv_cache_create(1, 1, 1, 1, 0, 0, CPUATTN_DTYPE_F32, &cache));
+    EXPECT_MESSAGE("every size must be >= 1");
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_kv_cache_create(1, 1, 1, 1, 4, 0, CPUATTN_DTYPE_BOOL, &cache));
+    EXPECT_MESSAGE("not a cache dtype");
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_kv_cache_create(1, 1, 1, 1, 4, 0, (cpuattn_dtype)1000, &cache));
+    EXPECT_MESSAGE("dtype 1000");
+    CHECK(cache == (cpuattn_kv_cache*)&tq);
+  }
+
+  /* MHA: heads not dividing d_model. */
+  {
+    mha_fixture f;
+    cpuattn_mha* mha = (cpuattn_mha*)&tq;
+    mha_fixture_init(&f);
+    f.config.heads = 3;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &mha));
+    CHECK(starts_with(cpuattn_last_error(), "cpuattn: "));
+    CHECK(mha == (cpuattn_mha*)&tq);
+    mha_fixture_free(&f);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(lse);
+}
+
+static void test_null_pointers(void) {
+  float q[B * H * LQ * D] = {0}, out[NO];
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_context* ctx = (cpuattn_context*)&tq;
+  cpuattn_kv_cache* cache = NULL;
+  int64_t n = 0;
+  size_t i;
+  for (i = 0; i < NO; ++i) out[i] = kSentinel;
+
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_attention(NULL, &tq, &tq, &to, NULL, NULL));
+  EXPECT_MESSAGE("cpuattn: q is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_attention(&tq, NULL, &tq, &to, NULL, NULL));
+  EXPECT_MESSAGE("cpuattn: k is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_reference_attention(&tq, &tq, &tq, NULL, NULL));
+  EXPECT_MESSAGE("cpuattn: out is NULL");
+  CHECK(all_equal(out, NO, kSentinel));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_context_create(1, NULL));
+  EXPECT_MESSAGE("out is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_context_max_target(NULL, NULL));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_active_target(NULL, NULL));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_supported_targets(NULL));
+  CHECK(ctx == (cpuattn_context*)&tq);
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_length(NULL, &n));
+  EXPECT_MESSAGE("cache is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_append(NULL, &tq, &tq));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_clear(NULL));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_truncate(NULL, 0));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_keys(NULL, &tq));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                cpuattn_kv_cache_create(1, 1, 1, 1, 1, 0, CPUATTN_DTYPE_F32, NULL));
+  EXPECT_OK(cpuattn_kv_cache_create(1, 1, 4, 4, 2, 0, CPUATTN_DTYPE_F32, &cache));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_length(cache, NULL));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_append(cache, &tq, NULL));
+  EXPECT_MESSAGE("cpuattn: v is NULL");
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_kv_cache_values(cache, NULL));
+
+  {
+    mha_fixture f;
+    cpuattn_mha* mha = (cpuattn_mha*)&tq;
+    mha_fixture_init(&f);
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_create(NULL, &f.weights, &mha));
+    EXPECT_MESSAGE("config is NULL");
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_create(&f.config, NULL, &mha));
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_create(&f.config, &f.weights, NULL));
+    f.weights.wv = NULL;
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_create(&f.config, &f.weights, &mha));
+    EXPECT_MESSAGE("cpuattn: weights->wv is NULL");
+    CHECK(mha == (cpuattn_mha*)&tq);
+    f.weights.wv = &f.twv;
+    EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &mha));
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_decode(mha, &tq, NULL, &to, NULL, NULL));
+    EXPECT_MESSAGE("cache is NULL");
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_forward(NULL, &tq, &to, NULL, NULL));
+    EXPECT_MESSAGE("mha is NULL");
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                  cpuattn_mha_make_cache(mha, 1, 1, 0, CPUATTN_DTYPE_F32, NULL));
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_mha_get_config(mha, NULL));
+    cpuattn_mha_destroy(mha);
+    mha_fixture_free(&f);
+  }
+  cpuattn_kv_cache_destroy(cache);
+}
+
+/* The struct_size rules of cpuattn_c.h. */
+static void test_struct_size(void) {
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* want = filled(NO, -kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tw = f32_4d(want, B, H, LQ, DV);
+  cpuattn_tensor garbage;
+  cpuattn_attention_options opts;
+  struct {
+    cpuattn_attention_options o;
+    unsigned char newer_fields[24];
+  } newer;
+  memset(&garbage, 0, sizeof garbage);
+  garbage.dtype = (cpuattn_dtype)99; /* would fail if it were read */
+  garbage.rank = 9;
+
+  /* 0 and anything below the minimum: an error naming struct_size; out untouched. */
+  cpuattn_attention_options_init(&opts);
+  opts.struct_size = 0;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("options->struct_size is 0");
+  opts.struct_size = CPUATTN_ATTENTION_OPTIONS_MIN_SIZE - 1;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_reference_attention(&tq, &tk, &tv, &to, &opts));
+  EXPECT_MESSAGE("struct_size");
+  opts.struct_size = (size_t)1 << 20; /* uninitialized, most likely */
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("struct_size");
+  CHECK(all_equal(out, NO, kSentinel));
+
+  /* An older caller: only struct_size, has_scale, scale and causal. The fields after them hold
+   * garbage that must not be read. */
+  cpuattn_attention_options_init(&opts);
+  opts.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  opts.has_scale = 1;
+  opts.scale = 0.25;
+  EXPECT_OK(cpuattn_reference_attention(&tq, &tk, &tv, &tw, &opts));
+  opts.struct_size = CPUATTN_ATTENTION_OPTIONS_MIN_SIZE;
+  opts.mask = &garbage;
+  opts.key_lengths = &garbage;
+  opts.lse = &garbage;
+  opts.weights = &garbage;
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  CHECK(close_to(out, want, NO, kRtol, kAtol, "older options struct"));
+  /* A size cutting through key_lengths: mask is read, key_lengths is not. */
+  opts.mask = NULL;
+  opts.struct_size = offsetof(cpuattn_attention_options, key_lengths) + 1;
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  opts.mask = &garbage;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_MESSAGE("options->mask.dtype 99");
+
+  /* A newer caller: larger struct, unknown fields zero = accepted; nonzero = rejected. */
+  memset(&newer, 0, sizeof newer);
+  cpuattn_attention_options_init(&newer.o);
+  newer.o.struct_size = sizeof newer;
+  newer.o.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  newer.o.has_scale = 1;
+  newer.o.scale = 0.25;
+  memset(out, 0, NO * sizeof(float));
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &newer.o, NULL));
+  CHECK(close_to(out, want, NO, kRtol, kAtol, "newer options struct"));
+  newer.newer_fields[5] = 1;
+  for (size_t i = 0; i < NO; ++i) out[i] = kSentinel;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_attention(&tq, &tk, &tv, &to, &newer.o, NULL));
+  EXPECT_MESSAGE("struct_size");
+  EXPECT_MESSAGE("is not zero");
+  CHECK(all_equal(out, NO, kSentinel));
+
+  /* The MHA structs follow the same rules. */
+  {
+    mha_fixture f;
+    cpuattn_mha* mha = NULL;
+    cpuattn_mha_config got;
+    mha_fixture_init(&f);
+    f.config.struct_size = 0;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &mha));
+    EXPECT_MESSAGE("config->struct_size is 0");
+    f.config.struct_size = sizeof f.config;
+    f.weights.struct_size = CPUATTN_MHA_WEIGHTS_MIN_SIZE - 8;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &mha));
+    EXPECT_MESSAGE("weights->struct_size");
+    CHECK(mha == NULL);
+    /* An older config without kv_heads etc.: kv_heads = heads (4), not the 2 stored after it. */
+    f.weights.struct_size = sizeof f.weights;
+    f.weights.wk = &f.twq; /* 4 K/V heads */
+    f.weights.wv = &f.twq;
+    f.config.struct_size = CPUATTN_MHA_CONFIG_MIN_SIZE;
+    EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &mha));
+    memset(&got, 0, sizeof got);
+    got.struct_size = CPUATTN_MHA_CONFIG_MIN_SIZE + sizeof(int64_t); /* up to kv_heads */
+    got.head_dim = -7;
+    EXPECT_OK(cpuattn_mha_get_config(mha, &got));
+    CHECK(got.d_model == DM && got.heads == MH && got.kv_heads == MH);
+    CHECK(got.head_dim == -7); /* outside its struct_size: not written */
+    got.struct_size = 3;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_get_config(mha, &got));
+    EXPECT_MESSAGE("out->struct_size is 3");
+    cpuattn_mha_destroy(mha);
+    mha_fixture_free(&f);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(want);
+}
+
+/* Sanitizer runtimes make a failed operator new abort the process instead of throwing
+ * std::bad_alloc (ASan's allocation-size-too-big / out-of-memory reports), and an address-space
+ * limit would starve their shadow memory; the out-of-memory test then only runs without them. */
+#if defined(__GNUC__) || defined(__clang__)
+extern void __asan_init(void) __attribute__((weak));
+extern void __tsan_init(void) __attribute__((weak));
+extern void __msan_init(void) __attribute__((weak));
+extern void __hwasan_init(void) __attribute__((weak));
+static int under_sanitizer(void) {
+  return __asan_init != NULL || __tsan_init != NULL || __msan_init != NULL || __hwasan_init != NULL;
+}
+#else
+static int under_sanitizer(void) { return 0; }
+#endif
+
+/* CPUATTN_ERROR_OUT_OF_MEMORY: a KV cache of 2^38 tokens (1 TiB of K), below the library's
+ * 2^40-element limit, so the C++ API tries to allocate it and gets std::bad_alloc. An address-space
+ * limit of 64 GiB makes the allocation fail on any machine, whatever its overcommit policy. */
+static void test_out_of_memory(void) {
+  struct rlimit saved, limited;
+  const rlim_t limit = (rlim_t)64 << 30;
+  cpuattn_kv_cache* cache = NULL;
+  cpuattn_kv_cache* untouched = (cpuattn_kv_cache*)&saved;
+  int64_t n = 0;
+  float k[4] = {1, 2, 3, 4}, v[4] = {4, 3, 2, 1};
+  cpuattn_tensor tk = f32_4d(k, 1, 1, 4, 1), tv = f32_4d(v, 1, 1, 4, 1);
+
+  if (under_sanitizer()) {
+    printf("out-of-memory test skipped: a sanitizer's allocator aborts instead of throwing\n");
+    return;
+  }
+  if (getrlimit(RLIMIT_AS, &saved) != 0) {
+    printf("out-of-memory test skipped: getrlimit failed\n");
+    return;
+  }
+  EXPECT_OK(cpuattn_kv_cache_create(1, 1, 1, 1, 4, 1, CPUATTN_DTYPE_F32, &cache));
+  EXPECT_OK(cpuattn_kv_cache_append(cache, &tk, &tv));
+
+  limited = saved;
+  if (limited.rlim_cur == RLIM_INFINITY || limited.rlim_cur > limit) limited.rlim_cur = limit;
+  if (setrlimit(RLIMIT_AS, &limited) != 0) {
+    printf("out-of-memory test skipped: setrlimit failed\n");
+    cpuattn_kv_cache_destroy(cache);
+    return;
+  }
+  EXPECT_STATUS(
+      CPUATTN_ERROR_OUT_OF_MEMORY,
+      cpuattn_kv_cache_create(1, 1, 1, 1, (int64_t)1 << 38, 0, CPUATTN_DTYPE_F32, &untouched));
+  EXPECT_MESSAGE("out of memory");
+  CHECK(untouched == (cpuattn_kv_cache*)&saved);
+  /* Growing an existing cache: the same, and the cache keeps its tokens and capacity. */
+  EXPECT_STATUS(CPUATTN_ERROR_OUT_OF_MEMORY, cpuattn_kv_cache_reserve(cache, (int64_t)1 << 38));
+  EXPECT_MESSAGE("out of memory");
+  if (setrlimit(RLIMIT_AS, &saved) != 0) {
+    fprintf(stderr, "FAILED: could not restore RLIMIT_AS\n");
+    ++g_failures;
+  }
+  EXPECT_OK(cpuattn_kv_cache_length(cache, &n));
+  CHECK(n == 4);
+  EXPECT_OK(cpuattn_kv_cache_capacity(cache, &n));
+  CHECK(n == 4);
+  {
+    cpuattn_tensor keys;
+    EXPECT_OK(cpuattn_kv_cache_keys(cache, &keys));
+    CHECK(((const float*)keys.data)[3] == 4.0f);
+  }
+  cpuattn_kv_cache_destroy(cache);
+}
+
+/* CPUATTN_ERROR_INTERNAL cannot be produced from outside (see the top of this file); what can be
+ * checked is that its value and name are stable. */
+static void test_internal_status(void) {
+  CHECK((int)CPUATTN_ERROR_INTERNAL == 4);
+  CHECK((int)CPUATTN_OK == 0 && (int)CPUATTN_ERROR_INVALID_ARGUMENT == 1 &&
+        (int)CPUATTN_ERROR_OUT_OF_MEMORY == 2 && (int)CPUATTN_ERROR_NULL_POINTER == 3);
+  /* The enums mirror cpuattn::DType, cpuattn::Target and cpuattn::Causal value for value. */
+  CHECK(CPUATTN_DTYPE_F32 == 0 && CPUATTN_DTYPE_F64 == 1 && CPUATTN_DTYPE_BF16 == 2 &&
+        CPUATTN_DTYPE_F16 == 3 && CPUATTN_DTYPE_BOOL == 4 && CPUATTN_DTYPE_I32 == 5 &&
+        CPUATTN_DTYPE_I64 == 6 && CPUATTN_DTYPE_I8 == 7);
+  CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_INTERNAL), "internal") == 0);
+}
+
+int main(void) {
+  test_version_and_names();
+  test_tensor_helpers();
+  test_attention_matches_reference();
+  test_weights_output();
+  test_contexts();
+  test_kv_cache_and_attention();
+  test_mha_decode_matches_forward();
+  test_invalid_argument();
+  test_null_pointers();
+  test_struct_size();
+  test_internal_status();
+  test_out_of_memory(); /* last: it briefly limits the address space */
+  if (g_failures) {
+    fprintf(stderr, "test_c_api: %d of %d checks FAILED\n", g_failures, g_checks);
+    return 1;
+  }
+  printf("test_c_api: all %d checks passed\n", g_checks);
+  return 0;
+}
