@@ -17,9 +17,18 @@ torch before 2.0 (Debian's 1.13) has only the private F._scaled_dot_product_atte
 argument, no grouped-query heads, top-left is_causal) and computes it unfused. For grouped-query
 shapes torch gets K/V with their heads repeated H/Hkv times (repeat_interleave, done once,
 outside the timed region); cpuattn reads the Hkv heads directly.
+
+Debian's torch 1.13 does its matrix products through the system BLAS (libblas.so.3): with only
+the reference BLAS installed they run at a few GFLOP/s, so install an optimized one
+(libopenblas0-pthread) for a fair comparison; the header line names the BLAS found. Thread pools
+that spin after their work (OpenMP's, OpenBLAS's, oneTBB's) would steal the other side's cores
+in an interleaved run: OpenMP is asked to wait passively, OpenBLAS gets the same thread count as
+torch, and each side's timed call starts after a short pause.
 """
 import argparse
+import ctypes
 import math
+import os
 import subprocess
 import sys
 import time
@@ -31,11 +40,33 @@ try:
 except ImportError as e:
     sys.exit(f"compare_torch: cannot import cpuattn ({e}); put the build's python/ directory "
              "on PYTHONPATH, e.g. PYTHONPATH=build/release/python")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import torch
     import torch.nn.functional as F
 except ImportError as e:
     sys.exit(f"compare_torch: torch not installed ({e}); on Debian: apt-get install python3-torch")
+
+# OpenBLAS's own thread pool (the pthread build) ignores torch.set_num_threads.
+_PROCESS = ctypes.CDLL(None)
+_OPENBLAS_SET_THREADS = getattr(_PROCESS, "openblas_set_num_threads", None)
+
+
+def blas_name():
+    """The BLAS behind libblas.so.3 as this process loaded it."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libblas" in line or "openblas" in line}
+    except OSError:
+        return "unknown"
+    return ", ".join(sorted(os.path.realpath(p) for p in paths if p.startswith("/"))) or "unknown"
+
+
+def set_threads(n):
+    torch.set_num_threads(n)
+    if _OPENBLAS_SET_THREADS is not None:
+        _OPENBLAS_SET_THREADS(n)
+
 
 # name: B, H, Hkv, Lq, Lk, D, Dv, causal
 SHAPES = {
@@ -87,6 +118,7 @@ def main():
 
     print(f"CPU: {cpu_model()}; cpuattn {cpuattn.__version__} target "
           f"{cpuattn.active_target()}; torch {torch.__version__}; numpy {np.__version__}")
+    print(f"torch's BLAS: {blas_name()}")
     print(f"best of {args.repeat}, interleaved; float32\n")
     print("| shape | B H/Hkv Lq Lk D | threads | cpuattn ms | torch ms | torch/cpuattn | "
           "cpuattn GFLOP/s | torch GFLOP/s | max abs diff |")
@@ -103,16 +135,18 @@ def main():
             tv = tv.repeat_interleave(H // Hkv, dim=1).contiguous()
         flops = 2.0 * (D + Dv) * H * B * visible_pairs(Lq, Lk, causal)
         for n in threads:
-            torch.set_num_threads(n)
+            set_threads(n)
             with torch.inference_mode():
                 ref = sdpa(tq, tk, tv, causal).numpy()
             out = cpuattn.attention(q, k, v, is_causal=causal, threads=n)
             diff = float(np.max(np.abs(out - ref)))
             best_c = best_t = math.inf
             for _ in range(args.repeat):
+                time.sleep(0.1)
                 t0 = time.perf_counter()
                 cpuattn.attention(q, k, v, is_causal=causal, threads=n)
                 best_c = min(best_c, time.perf_counter() - t0)
+                time.sleep(0.1)
                 with torch.inference_mode():
                     t0 = time.perf_counter()
                     sdpa(tq, tk, tv, causal)

@@ -21,7 +21,10 @@ namespace {
 
 std::string dims_str(std::initializer_list<std::int64_t> dims) {
   std::string s = "[";
-  for (std::int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
+  for (std::int64_t d : dims) {
+    if (s.size() > 1) s += ',';
+    s += std::to_string(d);
+  }
   return s + "]";
 }
 
