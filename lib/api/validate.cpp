@@ -201,11 +201,14 @@ void check_disjoint(const char* out_name, const Extent& o,
 
 namespace {
 
+// A dimension of size 1 never steps to a second element, so its stride may be any value the
+// caller left there (up to 2^62); the kernels get 0 instead, so that no product of a stride with
+// an element size or a prefetch distance can overflow (fuzz_validate found stride 2^61 * 4).
 Strided4 strided(const TensorView& t) {
   Strided4 s;
   s.data = t.data;
   s.dtype = t.dtype;
-  for (int d = 0; d < 4; ++d) s.s[d] = t.strides[d];
+  for (int d = 0; d < 4; ++d) s.s[d] = d < t.rank && t.shape[d] == 1 ? 0 : t.strides[d];
   return s;
 }
 
