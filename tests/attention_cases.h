@@ -51,6 +51,12 @@ struct Case {
   // +inf in one K row of K/V head 0, the largest finite value of the dtype in one V row of the
   // last K/V head, and subnormals in Q and K.
   bool specials = false;
+  // AttentionOptions' variants: window sides (-1 unbounded), soft-cap (0 off), ALiBi (0 off,
+  // 1 default slopes, 2 given random slopes), sinks (random per head, the last head -inf).
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0;
+  int alibi = 0;
+  bool sinks = false;
   std::string str() const {
     std::ostringstream s;
     s << "B" << B << " H" << H << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " D" << D << " Dv"
@@ -59,6 +65,11 @@ struct Case {
       << (scale > 0 ? " scale " + std::to_string(scale) : "")
       << (key_ramp ? " key ramp " + std::to_string(key_ramp) : "");
     if (specials) s << " specials";
+    if (window_left >= 0 || window_right >= 0)
+      s << " window " << window_left << "," << window_right;
+    if (softcap != 0) s << " softcap " << softcap;
+    if (alibi) s << (alibi == 1 ? " alibi" : " alibi slopes");
+    if (sinks) s << " sinks";
     if (q_dtype != DType::f32 || kv_dtype != DType::f32 || out_dtype != DType::f32)
       s << " dtypes q " << dtype_name(q_dtype) << " kv " << dtype_name(kv_dtype) << " out "
         << dtype_name(out_dtype);
@@ -72,6 +83,7 @@ struct Inputs {
   std::vector<std::uint8_t> bmask;
   std::vector<float> amask;
   std::vector<std::int32_t> lengths;
+  std::vector<float> slopes, sinks;
   AttentionOptions opts;
   explicit Inputs(const Case& c, std::uint32_t seed = 1)
       : q(c.B, c.H, c.Lq, c.D, c.blhd, c.misalign),
@@ -88,6 +100,19 @@ struct Inputs {
             for (std::int64_t d = 0; d < c.D; ++d)
               k.at(b, h, j, d) *=
                   static_cast<float>(0.2 + 2.0 * (c.key_ramp > 0 ? j : c.Lk - 1 - j) / c.Lk);
+    }
+    opts.window_left = c.window_left;
+    opts.window_right = c.window_right;
+    opts.softcap = c.softcap;
+    opts.alibi = c.alibi == 1;
+    if (c.alibi == 2) {
+      slopes = random_floats(c.H, seed + 6, 0.01f, 0.5f);
+      opts.alibi_slopes = f32_view(slopes.data(), {c.H});
+    }
+    if (c.sinks) {
+      sinks = random_floats(c.H, seed + 7, -2.0f, 4.0f);
+      sinks.back() = -std::numeric_limits<float>::infinity();
+      opts.sinks = f32_view(sinks.data(), {c.H});
     }
     std::mt19937 rng(seed + 3);
     auto coin = [&](int percent) { return static_cast<int>(rng() % 100) < percent; };
@@ -269,7 +294,10 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
   const double eps = std::numeric_limits<float>::epsilon();
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
   const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
-  const double score_mag = std::sqrt(double(c.D)) * scale * ramp * 3.0 + 3.0;  // masks add <= 3
+  // ALiBi moves scores by up to slope * Lk (slopes <= 0.5), and f32 rounds them relative to that.
+  const double alibi_mag = c.alibi != 0 ? 0.5 * double(c.Lk) : 0.0;
+  const double score_mag =
+      std::sqrt(double(c.D)) * scale * ramp * 3.0 + 3.0 + alibi_mag;  // masks add <= 3
   const double atol =
       8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
   // Per (b, h): the error is relative to that head's largest finite |v| (1 for the random inputs,

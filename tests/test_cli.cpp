@@ -510,4 +510,68 @@ TEST_F(Cli, ReducedPrecisionDtypes) {
   run_bad(qkv + " --dtype int8");
 }
 
+// The variants (--window, --softcap, --alibi, --alibi-slopes, --sinks) on the README's worked
+// example: one query (q = 1, D = 1, --no-scale) against keys 1..5 with values 10..50, so the
+// scores are the keys; expected values from the formulas, on every path. With --lse.
+TEST_F(Cli, Variants) {
+  put("q.npy", make({1, 1}, {1}));
+  put("k.npy", make({5, 1}, {1, 2, 3, 4, 5}));
+  put("v.npy", make({5, 1}, {10, 20, 30, 40, 50}));
+  put("slopes.npy", npy::from_values<double>({1}, {0.75}));
+  put("sinks.npy", make({1}, {4.5}));
+  const double inf = std::numeric_limits<double>::infinity();
+  // out and lse of transformed, masked scores s (-inf = masked) and a sink.
+  const auto expect = [](const std::vector<double>& s, double sink) {
+    double m = sink;
+    for (double x : s) m = std::max(m, x);
+    double l = std::exp(sink - m), acc = 0;
+    for (std::size_t j = 0; j < s.size(); ++j) {
+      l += std::exp(s[j] - m);
+      acc += std::exp(s[j] - m) * 10.0 * static_cast<double>(j + 1);
+    }
+    return std::pair{acc / l, m + std::log(l)};
+  };
+  struct Variant {
+    std::string flags;
+    std::vector<double> s;
+    double sink;
+  };
+  std::vector<Variant> variants;
+  variants.push_back({" --window 2,0", {-inf, -inf, 3, 4, 5}, -inf});
+  {
+    std::vector<double> capped, alibi, all;
+    for (int j = 0; j < 5; ++j) {
+      const double x = j + 1.0, c = 2.0 * std::tanh(x / 2.0);
+      capped.push_back(c);
+      alibi.push_back(x - 0.75 * (4 - j));
+      all.push_back(j < 1 ? -inf : c - std::exp2(-8.0) * (4 - j));
+    }
+    variants.push_back({" --softcap 2", capped, -inf});
+    variants.push_back({" --alibi-slopes slopes.npy", alibi, -inf});
+    variants.push_back({" --sinks sinks.npy", {1, 2, 3, 4, 5}, 4.5});
+    variants.push_back({" --window 3,-1 --softcap 2 --alibi --sinks sinks.npy", all, 4.5});
+  }
+  const std::string qkv = "--q q.npy --k k.npy --v v.npy --out out.npy --no-scale --lse lse.npy";
+  for (const Variant& var : variants) {
+    const auto [out, lse] = expect(var.s, var.sink);
+    for (const char* p : kPaths) {
+      SCOPED_TRACE(var.flags + p);
+      expect_values(run_ok(qkv + var.flags + p), {1, 1}, {out}, 2e-6);
+      expect_values(get("lse.npy"), {1}, {lse}, 2e-6);
+    }
+  }
+}
+
+TEST_F(CliBad, Variants) {
+  put("h2.npy", make({2}, {1, 2}));
+  put("nan.npy", make({1}, {std::nan("")}));
+  for (const char* flags :
+       {" --window 3", " --window a,b", " --window 1,2,3", " --window -2,0", " --softcap 0",
+        " --softcap -1", " --softcap inf", " --alibi-slopes h2.npy", " --sinks h2.npy",
+        " --sinks nan.npy", " --alibi --alibi-slopes h2.npy", " --sinks missing.npy"}) {
+    SCOPED_TRACE(flags);
+    run_bad(qkv + flags);
+  }
+}
+
 }  // namespace

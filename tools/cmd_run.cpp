@@ -63,9 +63,14 @@ struct RunArgs {
   std::string simd;
   bool reference = false;
   std::string dtype;  // "", f32, bf16, f16: the dtype Q, K and V are converted to
+  // Variants (sdpa): "LEFT,RIGHT", soft-cap, default ALiBi slopes, slope and sink files.
+  std::string window, alibi_slopes, sinks;
+  double softcap = 0;
+  bool alibi = false;
   // Set after parsing: whether the option was given.
   CLI::Option* scale_opt = nullptr;
   CLI::Option* temperature_opt = nullptr;
+  CLI::Option* softcap_opt = nullptr;
   std::vector<KindOption> kind_options;
 };
 
@@ -116,12 +121,34 @@ void run_sdpa(const RunArgs& a) {
     fail("--mask must be 'causal', 'causal-bottom-right' or an existing .npy file; got '" + a.mask +
          "'");
   }
+  if (!a.window.empty()) {
+    // "LEFT,RIGHT", each an integer >= -1 (-1: unbounded); the library checks the range.
+    const auto comma = a.window.find(',');
+    std::size_t used_l = 0, used_r = 0;
+    bool ok = comma != std::string::npos;
+    try {
+      if (ok) {
+        opts.window_left = std::stoll(a.window.substr(0, comma), &used_l);
+        opts.window_right = std::stoll(a.window.substr(comma + 1), &used_r);
+        ok = used_l == comma && used_r == a.window.size() - comma - 1;
+      }
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok) fail("--window must be LEFT,RIGHT (integers, -1 = unbounded), got '" + a.window + "'");
+  }
+  if (a.softcap_opt->count() > 0 && !(std::isfinite(a.softcap) && a.softcap > 0))
+    fail("--softcap must be finite and > 0, got " + a.softcap_opt->as<std::string>());
+  opts.softcap = a.softcap;
+  opts.alibi = a.alibi;
   check_files({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}},
               {{"--q", a.q},
                {"--k", a.k},
                {"--v", a.v},
                {"--mask", mask_is_file ? a.mask : std::string()},
-               {"--key-lengths", a.key_lengths}});
+               {"--key-lengths", a.key_lengths},
+               {"--alibi-slopes", a.alibi_slopes},
+               {"--sinks", a.sinks}});
 
   // ---- Inputs.
   const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
@@ -177,6 +204,17 @@ void run_sdpa(const RunArgs& a) {
   if (!a.key_lengths.empty()) {
     key_lengths = load_key_lengths(a.key_lengths, rank == 2 ? 1 : q.shape[0], rank == 2);
     opts.key_lengths = npy::input_view(key_lengths);
+  }
+
+  // Per-head vectors [H] (H = 1 for rank-2 and rank-3 inputs), converted to float32.
+  npy::Array slopes, sinks;
+  if (!a.alibi_slopes.empty()) {
+    slopes = npy::to_f32(load_float("alibi slopes", a.alibi_slopes, 1, 1, "rank 1 [H]", true));
+    opts.alibi_slopes = npy::input_view(slopes);
+  }
+  if (!a.sinks.empty()) {
+    sinks = npy::to_f32(load_float("sinks", a.sinks, 1, 1, "rank 1 [H]", true));
+    opts.sinks = npy::input_view(sinks);
   }
 
   // ---- Outputs, in memory.
@@ -434,6 +472,32 @@ void add_run_command(CLI::App& app, int& exit_code) {
                        "outputs stay float32")
            ->check(CLI::IsMember({"f32", "bf16", "f16"})),
        kSdpa);
+  only(cmd->add_option("--window", args->window,
+                       "sdpa: sliding window: query i (at position p = i + Lk - Lq among the keys) "
+                       "attends key j only if p - LEFT <= j <= p + RIGHT; -1 = unbounded on that "
+                       "side. Combines with --mask and --key-lengths"),
+       kSdpa)
+      ->type_name("LEFT,RIGHT");
+  args->softcap_opt =
+      only(cmd->add_option("--softcap", args->softcap,
+                           "sdpa: soft-cap the scaled scores, s <- C tanh(s / C), before ALiBi and "
+                           "masks (C finite, > 0)"),
+           kSdpa)
+          ->type_name("C");
+  auto* alibi = only(cmd->add_flag("--alibi", args->alibi,
+                                   "sdpa: ALiBi with the standard slopes of H heads: "
+                                   "s <- s - slope_h |p - j|, after soft-capping"),
+                     kSdpa);
+  auto* alibi_slopes = only(cmd->add_option("--alibi-slopes", args->alibi_slopes,
+                                            "sdpa: ALiBi with these slopes, float32/float64 [H]"),
+                            kSdpa)
+                           ->type_name("S.npy");
+  alibi->excludes(alibi_slopes);
+  only(cmd->add_option("--sinks", args->sinks,
+                       "sdpa: one sink logit per head, float32/float64 [H] (finite or -inf), "
+                       "added to each row's softmax denominator only (weights then sum below 1)"),
+       kSdpa)
+      ->type_name("SINKS.npy");
   only(cmd->add_flag("--reference", args->reference,
                      "sdpa: use the slow double-precision reference implementation instead of "
                      "the fast path (float64 inputs are used as is)"),

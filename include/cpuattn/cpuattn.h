@@ -193,6 +193,27 @@ struct AttentionOptions {
   // as KvCache stores it.
   std::optional<TensorView> k_scales;
   std::optional<TensorView> v_scales;
+  // The variants below act on each score in this order (docs: README "Attention variants"), for
+  // query i at position p(i) = i + Lk - Lq among the keys (bottom-right aligned, as
+  // Causal::bottom_right) and key j:
+  //   1. s = scale * q.k
+  //   2. soft-capping: s <- softcap * tanh(s / softcap) (Gemma 2). 0 = off; else finite and > 0.
+  //   3. ALiBi: s <- s - slope_h * |p(i) - j| for query head h. alibi_slopes: f32 [H]; or
+  //      alibi = true for the standard geometric slopes of H heads (Press et al.: 2^(-8(h+1)/n)
+  //      for the first n = 2^floor(log2 H) heads, 2^(-4(2k+1)/n) for the k-th head after them).
+  //   4. masks: causal, mask, key_lengths, and the sliding window: key j is attended only if
+  //      p(i) - window_left <= j <= p(i) + window_right; -1 leaves that side unbounded
+  //      (FlashAttention's window_size).
+  //   5. softmax over the attended keys with an optional sink logit per query head (gpt-oss) in
+  //      the denominator only: out = sum_j e^(s_j - m) v_j / (e^(sink_h - m) + sum_j e^(s_j - m)),
+  //      m the max over the s_j and sink_h; lse includes the sink; a row with every key masked
+  //      gives 0. sinks: f32 [H], finite or -inf (no sink for that head).
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  double softcap = 0;
+  bool alibi = false;
+  std::optional<TensorView> alibi_slopes;
+  std::optional<TensorView> sinks;
   // Optional outputs: f32 log-sum-exp of each row's (scaled, masked) scores [B, H, Lq], and the
   // attention weights [B, H, Lq, Lk] (what people plot as a heatmap).
   std::optional<OutputView> lse;
@@ -281,13 +302,14 @@ CPUATTN_API Context& default_context();
 // requested, the call runs reference_attention() instead (the [B, H, Lq, Lk] weights defeat fusion
 // anyway): out, lse and weights then come from double precision, at the reference's speed and with
 // its O(Lq * Lk) work per head.
-CPUATTN_API void attention(const TensorView& q, const TensorView& k, const TensorView& v, const OutputView& out,
-               const AttentionOptions& opts = {}, Context* context = nullptr);
+CPUATTN_API void attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const OutputView& out, const AttentionOptions& opts = {},
+                           Context* context = nullptr);
 
 // The oracle: same semantics, accumulates in double precision. Accepts f32 or f64 tensors and
 // writes f32 or f64 outputs. Slow and plain by design; every fast path is tested against it.
 CPUATTN_API void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const OutputView& out, const AttentionOptions& opts = {});
+                                     const OutputView& out, const AttentionOptions& opts = {});
 
 // The SIMD target the fast path would run on with `context` (or the default context).
 CPUATTN_API Target active_target(const Context* context = nullptr);

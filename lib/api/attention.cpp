@@ -22,16 +22,17 @@ void run_reference(const Problem& p);
 namespace {
 
 // The work of a call for its record: 2 (D + Dv) flops per visible (query, key) pair and head
-// (the causal and key-length limits; element masks count as visible), and every input read and
-// output written once.
+// (the causal, key-length and window limits; element masks count as visible), and every input read
+// and output written once.
 void note_work(const Problem& p, Recorder& rec) {
   double pairs = 0;
   for (std::int64_t b = 0; b < p.B; ++b) {
-    if (p.causal == Causal::none) {
+    if (p.causal == Causal::none && p.window_left < 0 && p.window_right < 0) {
       pairs += static_cast<double>(p.Lq) * static_cast<double>(std::min(p.Lk, p.key_end(b, 0)));
       continue;
     }
-    for (std::int64_t i = 0; i < p.Lq; ++i) pairs += static_cast<double>(p.key_end(b, i));
+    for (std::int64_t i = 0; i < p.Lq; ++i)
+      pairs += static_cast<double>(std::max<std::int64_t>(0, p.key_end(b, i) - p.key_begin(i)));
   }
   const double flops = 2.0 * static_cast<double>(p.D + p.Dv) * static_cast<double>(p.H) * pairs;
   // Bytes at each tensor's own dtype (an int8 cache reads a quarter of an f32 one, plus its

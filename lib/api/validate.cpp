@@ -135,6 +135,57 @@ void check_float_dtype(const char* name, const TensorView& t, bool allow_f64, bo
   }
 }
 
+// A per-query-head f32 vector [H] (alibi_slopes, sinks): shape, dtype, alignment, and every value
+// finite (sinks may also be -inf: no sink for that head).
+const float* check_per_head(const char* name, const TensorView& t, const Problem& p,
+                            bool allow_neg_inf, std::int64_t& stride) {
+  check_view(name, t, 1, 1);
+  if (t.dtype != DType::f32)
+    fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(t.dtype) +
+         "; expected float32");
+  if (t.shape[0] != p.H)
+    fail(std::string(name) + " has shape " + shape_str(t) + " but Q has H=" + std::to_string(p.H) +
+         "; expected [" + std::to_string(p.H) + "]");
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 4 != 0)
+    fail(std::string(name) + ": data is not aligned to its 4-byte float32 elements");
+  extent_of(name, t);
+  const auto* data = static_cast<const float*>(t.data);
+  stride = t.strides[0];
+  for (std::int64_t h = 0; h < p.H; ++h) {
+    const float x = data[h * stride];
+    if (!std::isfinite(x) && !(allow_neg_inf && x == -std::numeric_limits<float>::infinity()))
+      fail(std::string(name) + "[" + std::to_string(h) + "] = " + std::to_string(x) +
+           (allow_neg_inf ? " is not finite or -inf" : " is not finite"));
+  }
+  return data;
+}
+
+// The variants of AttentionOptions (window, softcap, ALiBi, sinks).
+void check_variants(const AttentionOptions& opts, Problem& p) {
+  for (const auto& [name, w] :
+       {std::pair{"window_left", opts.window_left}, {"window_right", opts.window_right}}) {
+    if (w < -1)
+      fail(std::string(name) + " = " + std::to_string(w) +
+           " must be >= 0, or -1 for no bound on that side");
+  }
+  p.window_left = opts.window_left;
+  p.window_right = opts.window_right;
+  if (opts.softcap != 0) {
+    // The fast path divides by softcap * log2(e) in float: keep it a normal float.
+    if (!std::isfinite(opts.softcap) || opts.softcap < 1e-30 || opts.softcap > 1e30) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "softcap = %.9g must be 0 (off) or finite in [1e-30, 1e30]",
+                    opts.softcap);
+      fail(buf);
+    }
+    p.softcap = opts.softcap;
+  }
+  p.alibi_default = opts.alibi && !opts.alibi_slopes;
+  if (opts.alibi_slopes)
+    p.alibi = check_per_head("alibi_slopes", *opts.alibi_slopes, p, false, p.alibi_s);
+  if (opts.sinks) p.sinks = check_per_head("sinks", *opts.sinks, p, true, p.sinks_s);
+}
+
 // The per-token scales of an int8 K or V: f32 [B, Hkv, Lk], required exactly when the tensor is
 // int8.
 void check_scales(const char* name, const char* tensor, const TensorView& t,
@@ -359,6 +410,8 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     }
   }
 
+  check_variants(opts, p);
+
   check_scales("k_scales", "K", k, opts.k_scales, p, p.k_scale, p.k_scale_s);
   check_scales("v_scales", "V", v, opts.v_scales, p, p.v_scale, p.v_scale_s);
 
@@ -404,8 +457,10 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     const Extent el = extent_of("key_lengths", *opts.key_lengths);
     for (const auto& [name, e] : written) check_disjoint(name, e, {{"key_lengths", el}});
   }
-  for (const auto& [sname, sc] :
-       {std::pair{"k_scales", &opts.k_scales}, {"v_scales", &opts.v_scales}}) {
+  for (const auto& [sname, sc] : {std::pair{"k_scales", &opts.k_scales},
+                                  {"v_scales", &opts.v_scales},
+                                  {"alibi_slopes", &opts.alibi_slopes},
+                                  {"sinks", &opts.sinks}}) {
     if (!*sc) continue;
     const Extent es = extent_of(sname, **sc);
     for (const auto& [name, e] : written) check_disjoint(name, e, {{sname, es}});

@@ -60,7 +60,7 @@ struct TaskScratch {
     acc = take(rows * dv_padded);
     m = take(rows);
     l = take(rows * 16);  // a vector of partial sums per row (<= 16 f32 lanes)
-    rm = take(rows * 4);  // one RowMask (<= 16 bytes) per row
+    rm = take(rows * 8);  // one RowMask (<= 32 bytes) per row
     const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
     kv = take(static_cast<std::size_t>(blocks * block_keys * (p.D + dv_padded)));
   }

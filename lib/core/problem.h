@@ -51,19 +51,52 @@ struct Problem {
   DType weights_dtype = DType::f32;
   std::int64_t weights_s[4] = {0, 0, 0, 0};
 
+  // Variants (AttentionOptions): window sides (-1 = unbounded), soft-cap (0 = off), ALiBi slopes
+  // per query head (given, or the standard ones), sink logits per query head.
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0;
+  bool alibi_default = false;
+  const float* alibi = nullptr;
+  std::int64_t alibi_s = 0;
+  const float* sinks = nullptr;
+  std::int64_t sinks_s = 0;
+
+  bool has_alibi() const { return alibi != nullptr || alibi_default; }
+  // ALiBi slope of query head h (0 without ALiBi). The standard slopes (Press et al.): for the
+  // first n = 2^floor(log2 H) heads 2^(-8(h+1)/n), then 2^(-4(2k+1)/n) for head n + k.
+  double alibi_slope(std::int64_t h) const {
+    if (alibi != nullptr) return alibi[h * alibi_s];
+    if (!alibi_default) return 0.0;
+    std::int64_t n = 1;
+    while (2 * n <= H) n *= 2;
+    const double e = h < n ? -8.0 * static_cast<double>(h + 1) / static_cast<double>(n)
+                           : -4.0 * static_cast<double>(2 * (h - n) + 1) / static_cast<double>(n);
+    return std::exp2(e);
+  }
+  // Sink logit of query head h in natural units; -inf without one.
+  double sink(std::int64_t h) const {
+    return sinks == nullptr ? -std::numeric_limits<double>::infinity() : sinks[h * sinks_s];
+  }
+  // Query row i's position among the keys (bottom-right aligned).
+  CPUATTN_ALWAYS_INLINE std::int64_t pos(std::int64_t i) const { return i + Lk - Lq; }
+
   CPUATTN_ALWAYS_INLINE std::int64_t key_length(std::int64_t b) const {
     if (key_lengths == nullptr) return Lk;
     return key_lengths_dtype == DType::i32 ? static_cast<const std::int32_t*>(key_lengths)[b]
                                            : static_cast<const std::int64_t*>(key_lengths)[b];
   }
 
-  // Keys query row i may see because of the causal mask and key lengths: [0, end).
-  // Other masks are applied element-wise.
+  // Keys query row i may see because of the causal mask, key lengths and the window:
+  // [key_begin, key_end), both non-decreasing in i. Other masks are applied element-wise.
   CPUATTN_ALWAYS_INLINE std::int64_t key_end(std::int64_t b, std::int64_t i) const {
     std::int64_t end = key_length(b);
     if (causal == Causal::top_left) end = std::min(end, i + 1);
-    if (causal == Causal::bottom_right) end = std::min(end, i + Lk - Lq + 1);
+    if (causal == Causal::bottom_right) end = std::min(end, pos(i) + 1);
+    if (window_right >= 0) end = std::min(end, pos(i) + window_right + 1);
     return std::max<std::int64_t>(end, 0);
+  }
+  CPUATTN_ALWAYS_INLINE std::int64_t key_begin(std::int64_t i) const {
+    return window_left >= 0 ? std::clamp<std::int64_t>(pos(i) - window_left, 0, Lk) : 0;
   }
 };
 

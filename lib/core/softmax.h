@@ -3,6 +3,7 @@
 // output and log-sum-exp. The flash kernel's last step and the split-key merge both end here.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -14,16 +15,24 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 // A row's state after its last key: m = max score (log2 units; -inf when every key was masked,
-// NaN when a NaN reached it), l = sum of 2^(s - m).
+// NaN when a NaN reached it), l = sum of 2^(s - m), and the head's sink logit (log2 units; -inf
+// without one), which joins the denominator only (AttentionOptions::sinks).
 struct RowState {
   float m, l;
+  float sink = -std::numeric_limits<float>::infinity();
   bool empty() const { return m == -std::numeric_limits<float>::infinity(); }
-  // Multiplies the accumulator into the output: 1 / l, or 0 for a row with no visible key
-  // (out = 0 by definition).
-  float out_scale() const { return empty() ? 0.0f : 1.0f / l; }
-  // Natural-log log-sum-exp of the row's scaled, masked scores; -inf for a row with no key.
+  // Multiplies the accumulator into the output: 1 / (l + 2^(sink - m)), or 0 for a row with no
+  // visible key (out = 0 by definition, with or without a sink). Without a sink the added term is
+  // exactly 0. A sink far above m makes it inf and the scale 0, the limit of the true value.
+  float out_scale() const { return empty() ? 0.0f : 1.0f / (l + std::exp2(sink - m)); }
+  // Natural-log log-sum-exp of the row's scaled, masked scores and the sink; -inf for a row with
+  // neither.
   float lse() const {
-    return empty() ? -std::numeric_limits<float>::infinity() : (m + std::log2(l)) * kLn2;
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    if (empty()) return sink == neg_inf ? neg_inf : sink * kLn2;
+    if (sink == neg_inf) return (m + std::log2(l)) * kLn2;
+    const float top = std::isnan(m) ? m : std::max(m, sink);
+    return (top + std::log2(l * std::exp2(m - top) + std::exp2(sink - top))) * kLn2;
   }
 };
 

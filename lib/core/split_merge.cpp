@@ -25,7 +25,7 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
         std::vector<float> row_buf(p.out_dtype == DType::f32 ? 0 : static_cast<std::size_t>(p.Dv));
         for (std::int64_t row = range.begin(); row < range.end(); ++row) {
           const std::int64_t i = row % p.Lq, h = (row / p.Lq) % p.H, b = row / (p.Lq * p.H);
-          RowState st{neg_inf, 0.0f};
+          RowState st{neg_inf, 0.0f, static_cast<float>(p.sink(h) * kLog2e)};
           for (std::int64_t s = 0; s < pl.k_splits; ++s) {
             const float m = partial_row(p, pl, b, h, i, s)[0];
             // NaN poisons the row, as in the reference; std::max would drop it.

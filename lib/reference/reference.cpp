@@ -39,7 +39,7 @@ float scale_of(const float* scale, const std::int64_t* s, std::int64_t b, std::i
 
 // Returns -inf for a masked key, else the additive mask term (0 without one).
 double mask_term(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-  if (j >= p.key_end(b, i)) return -std::numeric_limits<double>::infinity();
+  if (j < p.key_begin(i) || j >= p.key_end(b, i)) return -std::numeric_limits<double>::infinity();
   if (p.mask_kind == MaskKind::none) return 0.0;
   const std::int64_t off = b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + j * p.mask.s[3];
   if (p.mask_kind == MaskKind::boolean) {
@@ -56,8 +56,11 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
   const std::int64_t q_off = b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2];
   const double neg_inf = -std::numeric_limits<double>::infinity();
 
-  // Scores; the maximum propagates NaN so that a NaN score poisons its row, as it should.
-  double m = neg_inf;
+  // Scores in the order AttentionOptions documents: scale, soft-cap, ALiBi, masks. The maximum
+  // includes the sink and propagates NaN, so that a NaN score poisons its row, as it should.
+  const double slope = p.alibi_slope(h);
+  const double sink = p.sink(h);
+  double m = sink;
   for (std::int64_t j = 0; j < p.Lk; ++j) {
     const double term = mask_term(p, b, h, i, j);
     if (term == neg_inf) {
@@ -70,7 +73,10 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
     for (std::int64_t d = 0; d < p.D; ++d) {
       dot += load(p.q.data, p.q.dtype, q_off + d) * load(p.k.data, p.k.dtype, k_off + d, ksc);
     }
-    s[j] = p.scale * dot + term;
+    double x = p.scale * dot;
+    if (p.softcap != 0) x = p.softcap * std::tanh(x / p.softcap);
+    if (slope != 0) x -= slope * static_cast<double>(std::abs(p.pos(i) - j));
+    s[j] = x + term;
     if (std::isnan(s[j]) || std::isnan(m)) {
       m = std::numeric_limits<double>::quiet_NaN();
     } else if (s[j] > m) {
@@ -79,7 +85,7 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
   }
 
   const std::int64_t o_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
-  if (m == neg_inf) {  // every key masked: out 0, lse -inf, weights 0
+  if (m == neg_inf) {  // every key masked and no sink: out 0, lse -inf, weights 0
     for (std::int64_t d = 0; d < p.Dv; ++d) store(p.out, p.out_dtype, o_off + d, 0.0);
     if (p.lse) store(p.lse, p.lse_dtype, b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2], neg_inf);
     if (p.weights) {
@@ -90,7 +96,7 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
     return;
   }
 
-  double l = 0;
+  double l = std::exp(sink - m);  // 0 without a sink
   for (std::int64_t j = 0; j < p.Lk; ++j) {
     s[j] = std::exp(s[j] - m);  // exp(-inf) = 0 for masked keys
     l += s[j];

@@ -39,7 +39,7 @@ void MicroScoreTile(int R, const float* q, std::int64_t qs, std::int64_t D, cons
                     const std::int32_t* ends, const void* const* masks, detail::MaskKind kind,
                     std::int64_t mask_stride) {
   RowMask rm[Ops::kScoreRows];
-  for (int r = 0; r < R; ++r) rm[r] = {ends[r], masks[r]};
+  for (int r = 0; r < R; ++r) rm[r] = {0, ends[r], 0, 0.0f, masks[r]};
   const MaskInfo mi{kind, mask_stride};
   if (masked) {
     ScoreRows<Ops, true>(R, q, qs, D, kp, s, s_stride, col0, rm, mi);

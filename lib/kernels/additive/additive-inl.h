@@ -63,16 +63,16 @@ void AdditiveTask(const detail::AdditiveProblem& a, std::int64_t t, detail::Scra
     }
     s[j] = O::ReduceSum(s0);
   }
-  // Base-2 units from here on, as in the attention kernel (MaskScoreRow adds log2(e) * mask).
+  // Base-2 units from here on, as in the attention kernel (the mask adds log2(e) * mask).
   for (j = 0; j < end; ++j) s[j] *= detail::kLog2e;
-  RowMask rm{static_cast<std::int32_t>(end), nullptr};
+  RowMask rm{0, static_cast<std::int32_t>(end), 0, 0.0f, nullptr};
   MaskInfo mi{p.mask_kind, p.mask.s[3]};
   if (p.mask_kind != detail::MaskKind::none) {
     const std::size_t esize = dtype_size(p.mask.dtype);
     rm.mask = static_cast<const char*>(p.mask.data) +
               static_cast<std::size_t>(b * p.mask.s[0] + i * p.mask.s[2]) * esize;
   }
-  MaskScoreRow(s, Lk, rm, mi);
+  MaskScoreRowScalar(s, Lk, rm, mi);
 
   float m = -std::numeric_limits<float>::infinity();
   for (j = 0; j < end; ++j) m = std::isnan(s[j]) || std::isnan(m) ? s[j] + m : std::max(m, s[j]);

@@ -14,31 +14,59 @@
 
 #include "core/problem.h"
 #include "core/softmax.h"
+#include "simd/math-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
-// Lanes whose key index col0 + lane is >= end become -inf. Float lane indices are exact: they
-// stay below the 128-key block.
+// Lanes whose key index col0 + lane is outside [begin, end) become -inf. Float lane indices are
+// exact: they stay within the 128-key block.
 template <class O>
-CPUATTN_INLINE typename O::V KeepBelow(typename O::V s, std::int32_t col0, std::int32_t end) {
-  const auto keep =
-      O::Lt(O::Add(O::Iota(), O::Set(static_cast<float>(col0))), O::Set(static_cast<float>(end)));
-  return O::IfThenElse(keep, s, O::Set(-std::numeric_limits<float>::infinity()));
+CPUATTN_INLINE typename O::V KeepInRange(typename O::V s, std::int32_t col0, std::int32_t begin,
+                                         std::int32_t end) {
+  const auto col = O::Add(O::Iota(), O::Set(static_cast<float>(col0)));
+  const auto neg_inf = O::Set(-std::numeric_limits<float>::infinity());
+  s = O::IfThenElse(O::Lt(col, O::Set(static_cast<float>(end))), s, neg_inf);
+  if (begin > col0) s = O::IfThenElse(O::Lt(col, O::Set(static_cast<float>(begin))), neg_inf, s);
+  return s;
 }
 
 // Masking of one score row inside the score micro-kernel's epilogue, while the scores are still in
-// registers. `end` is the first key (relative to the tile) this row may not see; `mask` points at
-// the row's mask entries for the tile's first key (nullptr: no mask tensor).
+// registers. [begin, end) are the keys (relative to the tile's block) this row may see: causal,
+// key lengths and window; `mask` points at the row's mask entries for the block's first key
+// (nullptr: no mask tensor). For ALiBi, `pos` is the row's position relative to the block's first
+// key and `slope` its head's slope in log2 units.
 struct RowMask {
-  std::int32_t end;
+  std::int32_t begin, end;
+  std::int32_t pos;
+  float slope;
   const void* mask;
 };
 
+// What the epilogue does to every score of a call: the masks' kind, and the variants that change
+// scores before masking (AttentionOptions: soft-cap, then ALiBi).
 struct MaskInfo {
   detail::MaskKind kind;
   std::int64_t stride;  // element stride of the mask along keys (0 = broadcast)
+  bool softcap = false;
+  bool alibi = false;
+  float cap = 0, inv_cap = 0;  // softcap * log2(e) and its inverse: scores are in log2 units
+  bool transforms() const { return softcap || alibi; }
 };
+
+// Soft-cap, then the ALiBi bias, of the scores of keys col0 + lane (AttentionOptions' order).
+// The capped score cap * tanh(s / cap) keeps tanh's 4e-7 relative error (simd/math-inl.h).
+template <class O>
+CPUATTN_INLINE typename O::V TransformScores(typename O::V s, std::int32_t col0, const RowMask& rm,
+                                             const MaskInfo& mi) {
+  if (mi.softcap) s = O::Mul(O::Set(mi.cap), Tanh<O>(O::Mul(s, O::Set(mi.inv_cap))));
+  if (mi.alibi) {
+    // |pos - j|, exact in float below 2^24 keys.
+    const auto dist = O::Abs(O::Sub(O::Set(static_cast<float>(rm.pos - col0)), O::Iota()));
+    s = O::Sub(s, O::Mul(O::Set(rm.slope), dist));
+  }
+  return s;
+}
 
 // Only lanes below rm.end are read from the mask: past it lies the end of the mask row (or of
 // the tensor), and those lanes become -inf anyway.
@@ -71,12 +99,27 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
       }
     }
   }
-  return KeepBelow<O>(s, col0, rm.end);
+  return KeepInRange<O>(s, col0, rm.begin, rm.end);
 }
 
-// Element-wise masks of one streamed score row (the tiled path does this in its epilogue).
-inline void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols, const RowMask& rm,
-                         const MaskInfo& mi) {
+// Variants and masks of one streamed score row of ncols (whole vectors) in memory, the tiled path's
+// epilogue in a separate pass.
+template <class O>
+CPUATTN_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
+                                 const RowMask& rm, const MaskInfo& mi) {
+  constexpr int N = O::kLanes;
+  for (std::int64_t c = 0; c < ncols; c += N) {
+    const auto col0 = static_cast<std::int32_t>(c);
+    typename O::V x = O::Load(srow + c);
+    if (mi.transforms()) x = TransformScores<O>(x, col0, rm, mi);
+    O::Store(ApplyRowMask<O>(x, col0, rm, mi), srow + c);
+  }
+}
+
+// The masks of one score row in memory, element by element (the additive attention layer, whose
+// rows are not whole vectors; no window or variants there).
+inline void MaskScoreRowScalar(float* CPUATTN_RESTRICT srow, std::int64_t ncols, const RowMask& rm,
+                               const MaskInfo& mi) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < ncols; ++j) {
     if (j >= rm.end) {

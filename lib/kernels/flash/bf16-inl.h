@@ -158,6 +158,7 @@ struct NativeBf16 {
       CPUATTN_UNROLL(4)
       for (int c = 0; c < C; ++c) {
         typename O::V x = O::FromRaw(_mm512_mul_ps(acc[r][c], vs));
+        if (mi.transforms()) x = TransformScores<O>(x, col0 + c * N, rows[r], mi);
         if constexpr (kMasked) x = ApplyRowMask<O>(x, col0 + c * N, rows[r], mi);
         O::Store(x, s + r * s_stride + c * N);
       }

@@ -36,6 +36,7 @@ CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, 
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int c = 0; c < C; ++c) {
+      if (mi.transforms()) acc[r][c] = TransformScores<O>(acc[r][c], col0 + c * N, rows[r], mi);
       if constexpr (kMasked) acc[r][c] = ApplyRowMask<O>(acc[r][c], col0 + c * N, rows[r], mi);
       O::Store(acc[r][c], s + r * s_stride + c * N);
     }

@@ -98,7 +98,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   float* m = base + ts.m;
   float* l = base + ts.l;
   RowMask* rm = reinterpret_cast<RowMask*>(base + ts.rm);
-  static_assert(sizeof(RowMask) <= 4 * sizeof(float) && alignof(RowMask) <= 64);
+  static_assert(sizeof(RowMask) <= 8 * sizeof(float) && alignof(RowMask) <= 64);
   float* kv = base + ts.kv;
   auto* pb = reinterpret_cast<std::uint16_t*>(base + ts.pb);
   // Native layouts, in 32-bit words (bf16 pairs): Qb rows of qs2 words, Pb rows of Nk / 2.
@@ -106,7 +106,13 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   const std::int64_t dp2 = qs2;
   std::int64_t packed_blocks = 0;  // with keep_packed: blocks [0, packed_blocks) are ready
 
-  const MaskInfo mi{p.mask_kind, p.mask.s[3]};
+  MaskInfo mi{p.mask_kind, p.mask.s[3]};
+  if (p.softcap != 0) {
+    mi.softcap = true;
+    mi.cap = static_cast<float>(p.softcap * detail::kLog2e);
+    mi.inv_cap = static_cast<float>(1.0 / (p.softcap * detail::kLog2e));
+  }
+  mi.alibi = p.has_alibi();
   const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
 
   for (std::int64_t qb = qb0; qb < qb1; ++qb) {
@@ -132,11 +138,18 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     }
     std::fill(acc, acc + rows * g.DvP, 0.0f);
     clock.lap(Phase::pack_q);
-    // Causal and key-length limits: rows see keys [0, end(i)), end non-decreasing in i.
+    // Causal, key-length and window limits: rows see keys [begin(i), end(i)), both
+    // non-decreasing in i, so key blocks before the first row's begin are skipped whole.
     const std::int64_t end_lo = std::min(k1, p.key_end(b, pos0));
     const std::int64_t end_hi = std::min(k1, p.key_end(b, pos1 - 1));
+    const std::int64_t begin_lo = std::clamp(p.key_begin(pos0), k0, k1);
+    const std::int64_t begin_hi = std::clamp(p.key_begin(pos1 - 1), k0, k1);
+    const std::int64_t kb_first = k0 + (begin_lo - k0) / g.Nk * g.Nk;
+    for (std::int64_t i = pos0, r = 0; i < pos1; ++i)
+      for (std::int64_t h = h0; h < h0 + nh; ++h, ++r)
+        rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(h) * detail::kLog2e) : 0.0f;
 
-    for (std::int64_t kb0 = k0; kb0 < end_hi; kb0 += g.Nk) {
+    for (std::int64_t kb0 = kb_first; kb0 < end_hi; kb0 += g.Nk) {
       const std::int64_t nk = std::min(g.Nk, k1 - kb0);
       const std::int64_t slot = keep_packed ? (kb0 - k0) / g.Nk : 0;
       float* kp = kv + slot * g.kv_block_floats();
@@ -148,7 +161,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       if (first_use) {
         // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
         // work instead of stalling a later one (+25% on X1 measured; decode unchanged).
-        if (kb0 == k0)
+        if (kb0 == kb_first)
           PrefetchKV(p, b, hk, kb0 + g.Nk, std::clamp<std::int64_t>(k1 - kb0 - g.Nk, 0, g.Nk));
         if (kb0 + 2 * g.Nk < k1)
           PrefetchKV(p, b, hk, kb0 + 2 * g.Nk, std::min(g.Nk, k1 - kb0 - 2 * g.Nk));
@@ -168,17 +181,25 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       // Keys of this block that some row may see, rounded up to whole panels.
       const std::int64_t nk_live = std::min(nk, end_hi - kb0);
       const std::int64_t ncols = (nk_live + W - 1) / W * W;
-      // Columns [0, clean) need no per-element mask for any row.
-      const std::int64_t clean = p.mask_kind != detail::MaskKind::none
-                                     ? 0
-                                     : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
+      // Columns [clean_lo, clean_hi) need no per-element mask for any row.
+      const std::int64_t clean_hi = p.mask_kind != detail::MaskKind::none
+                                        ? 0
+                                        : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
+      const std::int64_t clean_lo = std::clamp<std::int64_t>(begin_hi - kb0, 0, nk);
       // Row r is (position pos0 + r / nh, head h0 + r % nh); nested loops avoid a 64-bit
       // division per row and block.
       for (std::int64_t i = pos0, r = 0; i < pos1; ++i) {
         const auto end = static_cast<std::int32_t>(
             std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
+        const auto begin =
+            static_cast<std::int32_t>(std::clamp<std::int64_t>(p.key_begin(i) - kb0, 0, nk));
+        // Relative to this block, for ALiBi; clamped far outside it (the distance only grows).
+        const auto pos = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+            p.pos(i) - kb0, -(std::int64_t{1} << 30), std::int64_t{1} << 30));
         for (std::int64_t h = h0; h < h0 + nh; ++h, ++r) {
+          rm[r].begin = begin;
           rm[r].end = end;
+          rm[r].pos = pos;
           rm[r].mask =
               p.mask_kind == detail::MaskKind::none
                   ? nullptr
@@ -213,14 +234,14 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         // A row with no mask tensor that sees every column needs no pass (decoding's usual case:
         // the pass cost D2 7% of its time with an int8 cache).
         for (int r = 0; r < rows; ++r) {
-          if (rm[r].mask != nullptr || rm[r].end < ncols)
-            MaskScoreRow(s + r * g.Nk, ncols, rm[r], mi);
+          if (rm[r].mask != nullptr || rm[r].end < ncols || rm[r].begin > 0 || mi.transforms())
+            MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
         }
         clock.lap(Phase::mask);
       } else if constexpr (kNative) {
         for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
           const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
-          const bool masked = c0 + W > clean;
+          const bool masked = c0 < clean_lo || c0 + W > clean_hi;
           for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
             const int R = std::min(O::kScoreRows, rows - r0);
             const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
@@ -239,7 +260,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       } else {
         for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
           const float* panel = kp + (c0 / W) * g.D * W;
-          const bool masked = c0 + W > clean;
+          const bool masked = c0 < clean_lo || c0 + W > clean_hi;
           for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
             const int R = std::min(O::kScoreRows, rows - r0);
             if (masked) {
@@ -323,7 +344,8 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     for (int r = 0; r < rows; ++r) {
       const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
       const float* arow = acc + r * g.DvP;
-      const detail::RowState st{m[r], O::ReduceSum(O::Load(l + r * N))};
+      const detail::RowState st{m[r], O::ReduceSum(O::Load(l + r * N)),
+                                static_cast<float>(p.sink(h) * detail::kLog2e)};
       if (pl.k_splits > 1) {
         float* dst = detail::partial_row(p, pl, b, h, i, ks);
         dst[0] = st.m;
