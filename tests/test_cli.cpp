@@ -15,6 +15,7 @@
 
 #include "cli_test_util.h"
 #include "npy.h"
+#include "shapes.h"
 
 namespace npy = cpuattn::npy;
 using cpuattn::DType;
@@ -451,6 +452,27 @@ namespace {
 
 // Every bench record names its provider: --simd measures several in one run, CPUATTN_SIMD sets
 // the default.
+// --variant times every score variant of a shape in turns and names it in each record; W1's
+// FLOPs count the attended pairs of its window only.
+TEST_F(Cli, BenchVariantsAndWindowShape) {
+  const Result r =
+      run("bench --shape 1,2,8,8,16 --threads 1 --repeat 1 --json --variant plain,softcap,all");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* v : {"plain", "softcap", "all"})
+    EXPECT_NE(r.out.find(std::string("\"variant\":\"") + v + "\""), std::string::npos) << v;
+  EXPECT_NE(r.out.find("+softcap"), std::string::npos) << r.out;
+  const Result layer = run("bench --shape M2 --threads 1 --repeat 1 --variant alibi");
+  EXPECT_EQ(layer.exit_code, 2) << layer.out;
+  EXPECT_NE(layer.err.find("--variant alibi"), std::string::npos) << layer.err;
+  const Result bad = run("bench --shape 1,2,8,8,16 --variant rope");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  const cpuattn::bench::Shape w1 = cpuattn::bench::named_shapes().at("W1");
+  // 4096 keys per row once the window is full, fewer for the first 4095 rows.
+  const double pairs = 4096.0 * 32768 - 4095.0 * 4096 / 2;
+  EXPECT_EQ(w1.pairs(), pairs);
+  EXPECT_EQ(w1.flops(), 16 * 128 * 2 * pairs);
+}
+
 TEST_F(Cli, BenchNamesTheSimdProviderOfEachRecord) {
   const Result both =
       run("bench --shape 1,2,8,8,16 --threads 1 --repeat 1 --json --simd highway,xsimd");

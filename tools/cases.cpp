@@ -70,7 +70,7 @@ Shape parse_shape(const std::string& text, bool causal) {
       v.push_back(x);
     } catch (const std::exception&) {
       throw std::invalid_argument("--shape '" + text +
-                                  "': expected a name (S1,P1,P2,X1,D1,D2,L1,M1,M2) or "
+                                  "': expected a name (S1,P1,P2,X1,D1,D2,W1,L1,M1,M2) or "
                                   "B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
     }
   }
@@ -143,19 +143,51 @@ AlignedFloats filled(std::size_t n, std::uint32_t seed) {
 
 }  // namespace
 
-Case attention_case(const Shape& s, DType dtype, DType kv_dtype) {
+ScoreVariant parse_variant(const std::string& text) {
+  for (ScoreVariant v : {ScoreVariant::plain, ScoreVariant::softcap, ScoreVariant::alibi,
+                         ScoreVariant::sinks, ScoreVariant::all}) {
+    if (text == variant_name(v)) return v;
+  }
+  throw std::invalid_argument("--variant '" + text +
+                              "': expected plain, softcap, alibi, sinks or all");
+}
+
+const char* variant_name(ScoreVariant v) {
+  switch (v) {
+    case ScoreVariant::softcap:
+      return "softcap";
+    case ScoreVariant::alibi:
+      return "alibi";
+    case ScoreVariant::sinks:
+      return "sinks";
+    case ScoreVariant::all:
+      return "all";
+    default:
+      return "plain";
+  }
+}
+
+Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant variant) {
   struct Data {
     StoredTensor q, k, v;
     std::vector<std::uint8_t, Aligned64<std::uint8_t>> out;
+    std::vector<float> sinks;
   };
   auto d = std::make_shared<Data>(
       Data{StoredTensor(filled(s.B * s.H * s.Lq * s.D, 1), dtype, s.D),
            StoredTensor(filled(s.B * s.Hkv * s.Lk * s.D, 2), kv_dtype, s.D),
            StoredTensor(filled(s.B * s.Hkv * s.Lk * s.Dv, 3), kv_dtype, s.Dv),
-           {}});
+           {},
+           std::vector<float>(static_cast<std::size_t>(s.H), 1.0f)});
   d->out.resize(s.B * s.H * s.Lq * s.Dv * dtype_size(dtype));
   AttentionOptions opts;
   opts.causal = s.causal ? Causal::top_left : Causal::none;
+  opts.window_left = s.window_left;
+  opts.window_right = s.window_right;
+  const bool all = variant == ScoreVariant::all;
+  if (all || variant == ScoreVariant::softcap) opts.softcap = 30.0;
+  opts.alibi = all || variant == ScoreVariant::alibi;
+  if (all || variant == ScoreVariant::sinks) opts.sinks = f32_view(d->sinks.data(), {s.H});
   if (kv_dtype == DType::i8) {
     opts.k_scales = f32_view(d->k.scales.data(), {s.B, s.Hkv, s.Lk});
     opts.v_scales = f32_view(d->v.scales.data(), {s.B, s.Hkv, s.Lk});
@@ -163,7 +195,9 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype) {
   const double kv_bytes =
       double(s.B) * s.Hkv * s.Lk *
       (double(s.D + s.Dv) * dtype_size(kv_dtype) + (kv_dtype == DType::i8 ? 8.0 : 0.0));
-  Case c{s.name, s.dims(), s.flops(), kv_bytes, s.decode(), {}};
+  std::string dims = s.dims();
+  if (variant != ScoreVariant::plain) dims += std::string(" +") + variant_name(variant);
+  Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}};
   c.run = [d, s, opts, dtype, kv_dtype](Context& ctx) {
     attention(TensorView::contiguous(d->q.data(), dtype, {s.B, s.H, s.Lq, s.D}),
               TensorView::contiguous(d->k.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.D}),
@@ -260,9 +294,15 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
   return std::nullopt;
 }
 
-Case make_case(const std::string& name, bool causal, DType dtype, DType kv_dtype) {
-  if (auto lc = layer_case(name, kv_dtype, dtype)) return std::move(*lc);
-  return attention_case(parse_shape(name, causal), dtype, kv_dtype);
+Case make_case(const std::string& name, bool causal, DType dtype, DType kv_dtype,
+               ScoreVariant variant) {
+  if (auto lc = layer_case(name, kv_dtype, dtype)) {
+    if (variant != ScoreVariant::plain)
+      throw std::invalid_argument("--variant " + std::string(variant_name(variant)) +
+                                  " is for attention shapes, not the layer case " + name);
+    return std::move(*lc);
+  }
+  return attention_case(parse_shape(name, causal), dtype, kv_dtype, variant);
 }
 
 }  // namespace cpuattn::cli

@@ -31,17 +31,27 @@ DType parse_dtype(const std::string& text, const char* flag, bool allow_int8);
 // The short name parse_dtype() reads ("f32", "bf16", "f16", "int8").
 const char* short_dtype_name(DType t);
 
+// What a bench case adds to the scores (AttentionOptions): nothing, soft-capping at 30, the
+// standard ALiBi slopes, a sink logit per head, or all three.
+enum class ScoreVariant { plain, softcap, alibi, sinks, all };
+// "plain", "softcap", "alibi", "sinks" or "all"; throws std::invalid_argument naming --variant.
+ScoreVariant parse_variant(const std::string& text);
+const char* variant_name(ScoreVariant v);
+
 // An attention case; inputs are 64-byte aligned and filled with a fixed pseudo-random pattern.
 // Q and out are stored as `dtype`, K and V as `kv_dtype` (int8 with per-token scales, as a
 // KvCache stores them); `bytes` counts K and V at their storage size.
-Case attention_case(const Shape& s, DType dtype = DType::f32, DType kv_dtype = DType::f32);
+// `variant` is named in the case's dims (" +softcap", ...).
+Case attention_case(const Shape& s, DType dtype = DType::f32, DType kv_dtype = DType::f32,
+                    ScoreVariant variant = ScoreVariant::plain);
 // L1 (Linear), M1 (MHA layer) or M2 (MHA decode step); nullopt for any other name.
 // M2's cache is stored as `kv_dtype`, its weights as `weights` (f32, or bf16 for bf16; the
 // layer's activations stay f32).
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype = DType::f32,
                                DType weights = DType::f32);
-// layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype).
+// layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype, variant).
+// A variant other than plain on a layer case throws std::invalid_argument.
 Case make_case(const std::string& name, bool causal, DType dtype = DType::f32,
-               DType kv_dtype = DType::f32);
+               DType kv_dtype = DType::f32, ScoreVariant variant = ScoreVariant::plain);
 
 }  // namespace cpuattn::cli

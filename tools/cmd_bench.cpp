@@ -43,8 +43,9 @@ struct Options {
   std::vector<std::int64_t> values;
   bool json = false, csv = false, md = false;
   std::string out;
-  std::vector<std::string> dtypes = {"f32"};  // Q (and out) dtypes
-  std::vector<std::string> kv_dtypes;         // K/V dtypes; empty: each Q dtype
+  std::vector<std::string> dtypes = {"f32"};      // Q (and out) dtypes
+  std::vector<std::string> kv_dtypes;             // K/V dtypes; empty: each Q dtype
+  std::vector<std::string> variants = {"plain"};  // score variants (cases.h)
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -61,9 +62,10 @@ struct Variant {
   Simd simd;
 };
 
-// A dtype pair: Q and out in `q`, K and V in `kv`.
+// A dtype pair: Q and out in `q`, K and V in `kv`; and the score variant of the case.
 struct DtypePair {
   DType q, kv;
+  ScoreVariant variant = ScoreVariant::plain;
 };
 
 Shape with_seq(Shape s, std::int64_t L) {
@@ -270,11 +272,14 @@ int run_bench(const Options& o) {
   for (const auto& t : o.targets)
     for (Simd s : providers) variants.push_back({parse_target(t), s});
   std::vector<DtypePair> dtype_pairs;
-  for (const auto& q : o.dtypes) {
-    const DType qd = parse_dtype(q, "--dtype", false);
-    if (o.kv_dtypes.empty()) dtype_pairs.push_back({qd, qd});
-    for (const auto& kv : o.kv_dtypes)
-      dtype_pairs.push_back({qd, parse_dtype(kv, "--kv-dtype", true)});
+  for (const auto& name : o.variants) {
+    const ScoreVariant sv = parse_variant(name);
+    for (const auto& q : o.dtypes) {
+      const DType qd = parse_dtype(q, "--dtype", false);
+      if (o.kv_dtypes.empty()) dtype_pairs.push_back({qd, qd, sv});
+      for (const auto& kv : o.kv_dtypes)
+        dtype_pairs.push_back({qd, parse_dtype(kv, "--kv-dtype", true), sv});
+    }
   }
   std::vector<int> threads;
   for (const Point& p : points) {
@@ -305,8 +310,8 @@ int run_bench(const Options& o) {
     // One case per dtype pair (each has its inputs); every (variant, dtype pair) is timed in turns.
     std::vector<Case> cases;
     for (const DtypePair& dp : dtype_pairs) {
-      cases.push_back(pt.custom ? attention_case(pt.shape, dp.q, dp.kv)
-                                : make_case(pt.case_name, o.causal, dp.q, dp.kv));
+      cases.push_back(pt.custom ? attention_case(pt.shape, dp.q, dp.kv, dp.variant)
+                                : make_case(pt.case_name, o.causal, dp.q, dp.kv, dp.variant));
     }
     const Case& c = cases[0];
     if (tty && std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
@@ -350,7 +355,7 @@ int run_bench(const Options& o) {
       std::sort(ms[i].begin(), ms[i].end());
       Json r;
       r["shape"] = c.name;
-      r["dims"] = c.dims;
+      r["dims"] = ci.dims;
       if (pt.custom) {
         const Shape& s = pt.shape;
         r["B"] = s.B, r["H"] = s.H, r["Lq"] = s.Lq, r["Lk"] = s.Lk, r["D"] = s.D;
@@ -365,6 +370,7 @@ int run_bench(const Options& o) {
       r["simd"] = simd_name(active_simd(&ctx));
       r["dtype"] = short_dtype_name(dtype_pairs[i % nd].q);
       r["kv_dtype"] = short_dtype_name(dtype_pairs[i % nd].kv);
+      r["variant"] = variant_name(dtype_pairs[i % nd].variant);
       // Which products ran natively on bf16 (vdpbf16ps), for bf16 Q with bf16 K/V.
       if (dtype_pairs[i % nd].q == DType::bf16 && dtype_pairs[i % nd].kv == DType::bf16)
         r["bf16_path"] = active_bf16_path(&ctx);
@@ -454,7 +460,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "of the kernel's arithmetic). The probes run before and after the cases; the best reading\n"
       "of each is kept. Several targets and providers are timed in turns in one run.\n"
       "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
-      "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128.\n"
+      "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128;\n"
+      "W1 B1 H16 L32768 D64 causal with a 4096-token sliding window (not in the default list:\n"
+      "GFLOP/s count attended pairs only, so compare it with P1's).\n"
       "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
       "B8 L512 d_model768 H12; M2 its decode step, B8, one new token against 4096 cached ones\n"
       "(GB/s counts weights + KV cache read).\n"
@@ -497,6 +505,12 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "run). Every --dtype is measured with every --kv-dtype.")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
+  cmd->add_option("--variant", opts->variants,
+                  "Score variants to measure on every attention shape, timed in turns: plain, "
+                  "softcap (30), alibi (standard slopes), sinks (one per head), all (the three) "
+                  "(comma list; default plain)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"plain", "softcap", "alibi", "sinks", "all"}));
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)

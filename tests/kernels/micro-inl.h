@@ -26,6 +26,12 @@ void MicroTanh(const float* in, float* out, std::size_t n) {
   MapArray<Ops>(in, out, n, [](Ops::V x) { return Tanh<Ops>(x); });
 }
 
+void MicroSoftCap(const float* in, float* out, std::size_t n, float cap) {
+  const float k = static_cast<float>(2.0 * 1.4426950408889634 / cap);
+  MapArray<Ops>(in, out, n,
+                [cap, k](Ops::V x) { return SoftCap<Ops>(x, Ops::Set(cap), Ops::Set(k)); });
+}
+
 void MicroTranspose(float* m) {
   constexpr int N = Ops::kLanes;
   Ops::V r[N];
@@ -74,6 +80,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .block_keys = Ops::kBlockKeys,
                                           .exp2 = &MicroExp2,
                                           .tanh = &MicroTanh,
+                                          .softcap = &MicroSoftCap,
                                           .transpose = &MicroTranspose,
                                           .score_tile = &MicroScoreTile,
                                           .pv_tile = &MicroPvTile,

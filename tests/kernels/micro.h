@@ -21,6 +21,7 @@ struct MicroKernels {
   std::int64_t block_keys;
   void (*exp2)(const float* in, float* out, std::size_t n);
   void (*tanh)(const float* in, float* out, std::size_t n);
+  void (*softcap)(const float* in, float* out, std::size_t n, float cap);
   // Transposes a lanes x lanes row-major matrix in place, through registers.
   void (*transpose)(float* m);
   // The score micro-kernel for R rows and one panel of score_cols * lanes keys (s aligned).

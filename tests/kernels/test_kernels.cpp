@@ -116,6 +116,36 @@ TEST_P(Micro, TanhStatedError) {
   EXPECT_TRUE(std::isnan(out[4]));
 }
 
+// SoftCap states: |cap * tanh(x / cap) - result| <= 4e-7 cap for every finite x, +-inf give
+// +-cap, odd, NaN stays NaN; over caps from 1e-3 to 1e4 (in the kernel's log2 units).
+TEST_P(Micro, SoftCapStatedError) {
+  const auto& k = mk();
+  for (float cap : {1e-3f, 0.7213475f, 5.0f, 43.28085f, 1e4f}) {
+    SCOPED_TRACE(cap);
+    std::vector<float> x;
+    for (double v = -20.0; v <= 20.0; v += 1.0 / 2048) x.push_back(static_cast<float>(v * cap));
+    for (float v = 1e-30f; v < 1e30f; v *= 1.07f) x.push_back(v), x.push_back(-v);
+    for (float v : {0.0f, -0.0f, 3e38f, -3e38f}) x.push_back(v);
+    std::vector<float> y(x.size());
+    k.softcap(x.data(), y.data(), x.size(), cap);
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double want = double(cap) * std::tanh(double(x[i]) / double(cap));
+      const double err = std::abs(y[i] - want) / cap;
+      if (err > worst) worst = err, worst_x = x[i];
+      if (x[i] != 0) ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "x = " << x[i];
+    }
+    EXPECT_LE(worst, 4e-7) << "worst at x = " << worst_x;
+    const float special[] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()};
+    float out[3];
+    k.softcap(special, out, 3, cap);
+    EXPECT_EQ(out[0], cap);
+    EXPECT_EQ(out[1], -cap);
+    EXPECT_TRUE(std::isnan(out[2]));
+  }
+}
+
 TEST_P(Micro, TransposeIsExact) {
   const auto& k = mk();
   const int n = k.lanes;

@@ -50,16 +50,17 @@ struct MaskInfo {
   std::int64_t stride;  // element stride of the mask along keys (0 = broadcast)
   bool softcap = false;
   bool alibi = false;
-  float cap = 0, inv_cap = 0;  // softcap * log2(e) and its inverse: scores are in log2 units
+  float cap = 0,
+        k = 0;  // softcap * log2(e) (scores are in log2 units) and SoftCap's 2 log2(e) / cap
   bool transforms() const { return softcap || alibi; }
 };
 
 // Soft-cap, then the ALiBi bias, of the scores of keys col0 + lane (AttentionOptions' order).
-// The capped score cap * tanh(s / cap) keeps tanh's 4e-7 relative error (simd/math-inl.h).
+// The capped score is within 4e-7 cap of cap * tanh(s / cap) (simd/math-inl.h, SoftCap).
 template <class O>
 CPUATTN_INLINE typename O::V TransformScores(typename O::V s, std::int32_t col0, const RowMask& rm,
                                              const MaskInfo& mi) {
-  if (mi.softcap) s = O::Mul(O::Set(mi.cap), Tanh<O>(O::Mul(s, O::Set(mi.inv_cap))));
+  if (mi.softcap) s = SoftCap<O>(s, O::Set(mi.cap), O::Set(mi.k));
   if (mi.alibi) {
     // |pos - j|, exact in float below 2^24 keys.
     const auto dist = O::Abs(O::Sub(O::Set(static_cast<float>(rm.pos - col0)), O::Iota()));

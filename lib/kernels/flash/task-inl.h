@@ -110,7 +110,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   if (p.softcap != 0) {
     mi.softcap = true;
     mi.cap = static_cast<float>(p.softcap * detail::kLog2e);
-    mi.inv_cap = static_cast<float>(1.0 / (p.softcap * detail::kLog2e));
+    mi.k = static_cast<float>(2.0 / p.softcap);  // 2 log2(e) / (softcap log2(e))
   }
   mi.alibi = p.has_alibi();
   const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
