@@ -204,12 +204,42 @@ struct Call {
   }
 };
 
+// The variants of AttentionOptions, as attention()'s keyword arguments (FlashAttention's names
+// where it has them).
+struct VariantArgs {
+  py::object window_size, alibi_slopes, sinks;
+  double softcap = 0;
+  bool alibi = false;
+
+  void apply(Call& call) const {
+    if (!window_size.is_none()) {
+      const auto w = window_size.cast<std::vector<std::int64_t>>();
+      if (w.size() != 2)
+        fail("window_size must be (left, right), got " + std::to_string(w.size()) + " values");
+      call.opts.window_left = w[0];
+      call.opts.window_right = w[1];
+    }
+    call.opts.softcap = softcap;
+    call.opts.alibi = alibi;
+    const auto per_head = [&](const py::object& obj, const char* name) {
+      py::array a = as_array(obj, name);
+      if (a.dtype().kind() != 'f')
+        fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected floats [H]");
+      a = py::array_t<float, py::array::c_style | py::array::forcecast>(a);
+      call.keep.push_back(a);
+      return make_view<cpuattn::TensorView>(a, DType::f32, name);
+    };
+    if (!alibi_slopes.is_none()) call.opts.alibi_slopes = per_head(alibi_slopes, "alibi_slopes");
+    if (!sinks.is_none()) call.opts.sinks = per_head(sinks, "sinks");
+  }
+};
+
 // attention() and reference_attention(): the same argument handling.
 py::object run_attention(bool reference, const py::handle& q_obj, const py::handle& k_obj,
                          const py::handle& v_obj, const py::object& attn_mask,
                          const py::handle& is_causal, const std::optional<double>& scale,
                          const py::object& key_lengths, bool return_lse, const py::object& out_obj,
-                         bool bf16, cpuattn::Context* ctx) {
+                         bool bf16, const VariantArgs& variants, cpuattn::Context* ctx) {
   Call call;
   py::array q = as_array(q_obj, "q"), k = as_array(k_obj, "k"), v = as_array(v_obj, "v");
   call.keep = {q, k, v};
@@ -240,6 +270,7 @@ py::object run_attention(bool reference, const py::handle& q_obj, const py::hand
   const auto vv = make_view<cpuattn::TensorView>(v, vt, "v", lead1);
   call.set_masks(attn_mask, key_lengths, scale);
   call.opts.causal = parse_causal(is_causal);
+  variants.apply(call);
 
   // out: the caller's array, written in place, or a new one ([.., Lq, Dv], q's dtype; float64
   // for the reference).
@@ -355,6 +386,12 @@ is_causal: True (top-left: query i sees keys j <= i, as torch), "bottom_right" (
   keys j <= i + Lk - Lq) or False.
 scale: default 1/sqrt(D).
 key_lengths: integers [B]; keys at positions >= key_lengths[b] are masked.
+window_size: (left, right): query i (at position p = i + Lk - Lq) attends key j only if
+  p - left <= j <= p + right; -1 = unbounded on that side (FlashAttention's convention).
+softcap: C > 0 soft-caps the scaled scores, s <- C tanh(s / C); 0 = off.
+alibi: True adds the standard ALiBi bias -slope_h |p - j| (after soft-capping); alibi_slopes:
+  floats [H] give the slopes.
+sinks: floats [H], one logit per head added to the softmax denominator only (-inf: none).
 return_lse: also return the float32 logsumexp [B, H, Lq].
 out: a writable float32 / float16 (/ bf16) array [B, H, Lq, Dv], written in place and returned;
   default a new array of q's dtype.
@@ -409,28 +446,35 @@ PYBIND11_MODULE(cpuattn, m) {
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::object& attn_mask,
          const py::handle& is_causal, std::optional<double> scale, const py::object& key_lengths,
          bool return_lse, const py::object& out, std::optional<int> threads,
-         cpuattn::Context* context, bool bf16) {
+         cpuattn::Context* context, bool bf16, const py::object& window_size, double softcap,
+         bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
+        const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_attention(false, q, k, v, attn_mask, is_causal, scale, key_lengths, return_lse,
-                             out, bf16, pick_context(threads, context));
+                             out, bf16, va, pick_context(threads, context));
       },
       kAttentionDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "attn_mask"_a = py::none(),
       "is_causal"_a = false, "scale"_a = py::none(), "key_lengths"_a = py::none(),
       "return_lse"_a = false, "out"_a = py::none(), "threads"_a = py::none(),
-      "context"_a = static_cast<cpuattn::Context*>(nullptr), "bf16"_a = false);
+      "context"_a = static_cast<cpuattn::Context*>(nullptr), "bf16"_a = false,
+      "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
+      "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 
   m.def(
       "reference_attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::object& attn_mask,
          const py::handle& is_causal, std::optional<double> scale, const py::object& key_lengths,
-         bool return_lse, const py::object& out, bool bf16) {
+         bool return_lse, const py::object& out, bool bf16, const py::object& window_size,
+         double softcap, bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
+        const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_attention(true, q, k, v, attn_mask, is_causal, scale, key_lengths, return_lse,
-                             out, bf16, nullptr);
+                             out, bf16, va, nullptr);
       },
       "The double-precision oracle, with attention()'s arguments (no threads/context). Inputs may "
       "also be float64; out is float64 by default (or a float32/float64 out=).",
       "q"_a, "k"_a, "v"_a, py::kw_only(), "attn_mask"_a = py::none(), "is_causal"_a = false,
       "scale"_a = py::none(), "key_lengths"_a = py::none(), "return_lse"_a = false,
-      "out"_a = py::none(), "bf16"_a = false);
+      "out"_a = py::none(), "bf16"_a = false, "window_size"_a = py::none(), "softcap"_a = 0.0,
+      "alibi"_a = false, "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 
   m.def(
       "active_target",

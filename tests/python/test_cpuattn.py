@@ -20,8 +20,10 @@ import cpuattn
 # A float64 NumPy implementation of the semantics (README "Semantics").
 
 
-def np_attention(q, k, v, mask=None, causal=None, scale=None, key_lengths=None):
-    """out [B, H, Lq, Dv] and lse [B, H, Lq] in float64; causal None|'top_left'|'bottom_right'."""
+def np_attention(q, k, v, mask=None, causal=None, scale=None, key_lengths=None,
+                 window_size=None, softcap=0.0, alibi_slopes=None, sinks=None):
+    """out [B, H, Lq, Dv] and lse [B, H, Lq] in float64; causal None|'top_left'|'bottom_right';
+    the variants in the documented order: soft-cap, ALiBi, masks and window, sinks."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -33,6 +35,17 @@ def np_attention(q, k, v, mask=None, causal=None, scale=None, key_lengths=None):
     allowed = np.ones((B, H, Lq, Lk), dtype=bool)
     i = np.arange(Lq)[:, None]
     j = np.arange(Lk)[None, :]
+    pos = i + Lk - Lq
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s - np.asarray(alibi_slopes, np.float64)[None, :, None, None] * np.abs(pos - j)
+    if window_size is not None:
+        left, right = window_size
+        if left >= 0:
+            allowed &= j >= pos - left
+        if right >= 0:
+            allowed &= j <= pos + right
     if causal == "top_left":
         allowed &= j <= i
     elif causal == "bottom_right":
@@ -46,9 +59,15 @@ def np_attention(q, k, v, mask=None, causal=None, scale=None, key_lengths=None):
         allowed &= (j[None, None] < np.asarray(key_lengths)[:, None, None, None])
     s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:
+        sink = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None], m.shape)
+        m = np.maximum(m, sink)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.where(allowed, np.exp(s - m_safe), 0.0)
     z = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        z = z + np.exp(sink - m_safe)
     out = np.einsum("bhij,bhjd->bhid", p / np.where(z > 0, z, 1.0), v)
     with np.errstate(divide="ignore"):
         lse = (np.log(z) + m_safe)[..., 0]
@@ -422,3 +441,60 @@ def test_context_and_targets():
     ctx.simd = "xsimd"
     assert ctx.simd == "xsimd"
     np.testing.assert_allclose(cpuattn.attention(q, k, v, context=ctx), ref, atol=tol(40))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention variants (README "Attention variants") against the NumPy float64 semantics.
+
+
+@pytest.mark.parametrize("fn", ["attention", "reference_attention"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(window_size=(5, 0)),
+        dict(window_size=(-1, 3), is_causal=False),
+        dict(softcap=2.0),
+        dict(alibi=True),
+        dict(alibi_slopes=[0.1, 0.2, 0.3, 0.45]),
+        dict(sinks=[0.5, 1.0, -np.inf, 2.0]),
+        dict(window_size=(7, -1), softcap=3.0, alibi=True, sinks=[1.0, 0.0, 2.0, -1.0],
+             is_causal="bottom_right"),
+    ],
+)
+def test_variants_match_numpy(fn, kw):
+    rng = np.random.default_rng(21)
+    q, k, v = rand(rng, 2, 4, 9, 16), rand(rng, 2, 2, 30, 16), rand(rng, 2, 2, 30, 8)
+    kw = dict(kw)
+    causal = kw.get("is_causal", False)
+    ref_kw = dict(window_size=kw.get("window_size"), softcap=kw.get("softcap", 0.0),
+                  sinks=kw.get("sinks"), alibi_slopes=kw.get("alibi_slopes"))
+    if kw.get("alibi"):
+        # Press et al.'s slopes for 4 heads: 2^-2, 2^-4, 2^-6, 2^-8.
+        ref_kw["alibi_slopes"] = [2.0 ** (-2 * (h + 1)) for h in range(4)]
+    for name in ("alibi_slopes", "sinks"):
+        if kw.get(name) is not None:
+            kw[name] = np.asarray(kw[name], np.float32)
+    want, want_lse = np_attention(q, k, v, causal="bottom_right" if causal else None, **ref_kw)
+    out, lse = getattr(cpuattn, fn)(q, k, v, return_lse=True, **kw)
+    np.testing.assert_allclose(out, want, atol=tol(30, 8.0), rtol=0)
+    np.testing.assert_allclose(lse, want_lse, atol=tol(30, 8.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (dict(window_size=(-2, 0)), r"window_left"),
+        (dict(window_size=(1, 2, 3)), r"window_size"),
+        (dict(softcap=-1.0), r"softcap"),
+        (dict(alibi_slopes=np.ones(3, np.float32)), r"alibi_slopes"),
+        (dict(sinks=np.array([0, 1, np.nan, 2], np.float32)), r"sinks\[2\]"),
+        (dict(sinks=np.arange(4)), r"sinks"),
+    ],
+)
+def test_variant_errors(kw, pattern):
+    rng = np.random.default_rng(22)
+    q, k, v = _qkv(rng)
+    out = np.full((2, 4, 5, 6), 42.0, np.float32)
+    with pytest.raises(ValueError, match=pattern):
+        cpuattn.attention(q, k, v, out=out, **kw)
+    assert np.all(out == 42.0)
