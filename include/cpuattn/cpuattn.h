@@ -311,6 +311,27 @@ CPUATTN_API void attention(const TensorView& q, const TensorView& k, const Tenso
 CPUATTN_API void reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const OutputView& out, const AttentionOptions& opts = {});
 
+// Packed variable-length batches (FlashAttention's varlen): B sequences stored back to back,
+// q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], out [total_q, H, Dv], with
+// cumulative offsets cu_seqlens_q / cu_seqlens_k (int32 or int64, [B + 1], starting at 0,
+// non-decreasing, ending at total_q / total_k): sequence b is rows [cu[b], cu[b + 1]) and attends
+// only to its own keys. Every option applies per sequence (causal and the window are aligned to
+// each sequence's own Lq and Lk) except mask, key_lengths and weights, which are errors here.
+// lse, if given, is f32 [H, total_q] (FlashAttention's layout); int8 K/V take k_scales /
+// v_scales f32 [Hkv, total_k].
+// A sequence with no queries is skipped; one with queries but no keys gives out 0 (lse -inf, or
+// its sink). The sequences run as one set of tasks on the context's threads.
+CPUATTN_API void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const OutputView& out, const TensorView& cu_seqlens_q,
+                                  const TensorView& cu_seqlens_k, const AttentionOptions& opts = {},
+                                  Context* context = nullptr);
+// The oracle of attention_varlen (f32 or f64, as reference_attention).
+CPUATTN_API void reference_attention_varlen(const TensorView& q, const TensorView& k,
+                                            const TensorView& v, const OutputView& out,
+                                            const TensorView& cu_seqlens_q,
+                                            const TensorView& cu_seqlens_k,
+                                            const AttentionOptions& opts = {});
+
 // The SIMD target the fast path would run on with `context` (or the default context).
 CPUATTN_API Target active_target(const Context* context = nullptr);
 // How a call with bf16 Q, K and V would compute its products: "avx512_bf16" (vdpbf16ps) or

@@ -6,7 +6,10 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <new>
+#include <type_traits>
 
 #include "api/call_scope.h"
 #include "api/context_impl.h"
@@ -50,44 +53,78 @@ void note_work(const Problem& p, Recorder& rec) {
   rec.add_work(flops, bytes);
 }
 
-void run_fast(const Problem& p, Context& ctx) {
+// Runs problems that share dtypes (one call, or the sequences of a packed batch) as one set of
+// tasks on the context's threads, then merges each problem's split keys.
+void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   Context::Impl& c = ContextAccess::impl(ctx);
   Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const Choice& choice = choose(&ctx);
   const FlashKernels& fk = flash_kernels(choice);
-  const bool native_bf16 =
-      choice.target == Target::avx512_bf16 && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16;
+  const bool native_bf16 = choice.target == Target::avx512_bf16 && ps[0].q.dtype == DType::bf16 &&
+                           ps[0].k.dtype == DType::bf16;
   const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
-  Plan pl = make_plan(p, fk.block_rows, fk.block_keys);
+  // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the
+  // split-key partial results live in the call's scratch: a steady-state call does not allocate.
+  static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
+  const auto floats_of = [](std::size_t bytes) { return (bytes + 63) / 64 * 16; };
+  const std::size_t plan_floats = floats_of(n * sizeof(Plan));
+  const std::size_t first_floats = floats_of((n + 1) * sizeof(std::int64_t));
+  std::size_t partial_floats = 0;
+  std::int64_t max_splits = 1;
+  Plan local;  // sized before the scratch exists
+  for (std::size_t i = 0; i < n; ++i) {
+    local = make_plan(ps[i], fk.block_rows, fk.block_keys);
+    if (local.k_splits > 1)
+      partial_floats += static_cast<std::size_t>(ps[i].B * ps[i].H * ps[i].Lq * local.k_splits *
+                                                 local.partial_row_floats);
+    max_splits = std::max(max_splits, local.k_splits);
+  }
   Scratch& call = c.call_scratch.local();
   const Context::Impl::Lease call_lease{c, call};
-  if (pl.k_splits > 1) {
-    pl.partials =
-        call.get(static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats));
+  float* base = call.get(plan_floats + first_floats + partial_floats);
+  Plan* plans = reinterpret_cast<Plan*>(base);
+  auto* first = reinterpret_cast<std::int64_t*>(base + plan_floats);
+  float* partials = base + plan_floats + first_floats;
+  first[0] = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Problem& p = ps[i];
+    new (plans + i) Plan(make_plan(p, fk.block_rows, fk.block_keys));
+    first[i + 1] = first[i] + plans[i].tasks;
+    if (plans[i].k_splits > 1) {
+      plans[i].partials = partials;
+      partials += p.B * p.H * p.Lq * plans[i].k_splits * plans[i].partial_row_floats;
+    }
   }
   if (rec != nullptr) {
-    note_work(p, *rec);
-    rec->add_tasks(pl.tasks);
-    rec->set_k_splits(pl.k_splits);
+    for (std::size_t i = 0; i < n; ++i) note_work(ps[i], *rec);
+    rec->add_tasks(first[n]);
+    rec->set_k_splits(max_splits);
   }
   c.run([&] {
     tbb::parallel_for(
-        tbb::blocked_range<std::int64_t>(0, pl.tasks, 1),
+        tbb::blocked_range<std::int64_t>(0, first[n], 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
           const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+            const auto i =
+                static_cast<std::size_t>(std::upper_bound(first, first + n + 1, t) - first - 1);
             const TaskTimer timer(rec, t);
-            run_task(p, pl, t, s, timer.log());
+            run_task(ps[i], plans[i], t - first[i], s, timer.log());
           }
         },
         tbb::simple_partitioner());
-    if (pl.k_splits > 1) merge_partials(p, pl, rec);
+    for (std::size_t i = 0; i < n; ++i)
+      if (plans[i].k_splits > 1) merge_partials(ps[i], plans[i], rec);
   });
 }
 
 }  // namespace
+
+void run_fast_set(const Problem* ps, std::size_t n, Context& ctx) {
+  if (n > 0) run_fast(ps, n, ctx);
+}
 
 void run_attention(const Problem& p, Context& ctx) {
   if (p.weights != nullptr) {
@@ -101,7 +138,7 @@ void run_attention(const Problem& p, Context& ctx) {
     });
     return;
   }
-  run_fast(p, ctx);
+  run_fast(&p, 1, ctx);
 }
 
 }  // namespace detail

@@ -2,6 +2,8 @@
 // compute later (the layers).
 #pragma once
 
+#include <cstddef>
+
 #include "core/problem.h"
 #include "cpuattn/cpuattn.h"
 
@@ -10,5 +12,12 @@ namespace cpuattn::detail {
 // Runs `p` (from validate()) on the context: the fused fast path, or the double-precision
 // reference when p asks for the attention weights.
 void run_attention(const Problem& p, Context& ctx);
+
+// Runs n problems with the same dtypes and no weights output (the sequences of a packed batch) on
+// the fast path as one set of tasks.
+void run_fast_set(const Problem* ps, std::size_t n, Context& ctx);
+
+// The double-precision reference of one validated problem.
+void run_reference(const Problem& p);
 
 }  // namespace cpuattn::detail

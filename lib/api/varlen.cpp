@@ -1,0 +1,181 @@
+// attention_varlen(): packed variable-length batches. The packed tensors are validated once as one
+// [1, H, total, D] problem (shapes, dtypes, strides, overlaps, options), then cut into one problem
+// per sequence by offsetting pointers: nothing is copied, and the kernels see ordinary problems.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "api/attention.h"
+#include "api/call_scope.h"
+#include "api/context_impl.h"
+#include "core/dtypes.h"
+#include "core/problem.h"
+#include "core/softmax.h"
+
+namespace cpuattn {
+namespace detail {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw Error("cpuattn: " + what); }
+
+std::string dims(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.rank && d < kMaxRank; ++d) s += (d ? "," : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+// A packed [total, heads, d] tensor as the [1, heads, total, d] view validate() reads.
+template <class V>
+V as_bhld(const V& t, const char* name) {
+  if (t.rank != 3)
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + dims(t) +
+         "; packed batches take [total, heads, d]");
+  V r = t;
+  r.rank = 4;
+  r.shape = {1, t.shape[1], t.shape[0], t.shape[2]};
+  r.strides = {0, t.strides[1], t.strides[0], t.strides[2]};
+  return r;
+}
+
+// [heads, total] (lse, int8 scales; FlashAttention's lse layout) as the [1, heads, total] view
+// validate() reads.
+template <class V>
+V as_bhl(const V& t, const char* name) {
+  if (t.rank != 2)
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + dims(t) +
+         "; packed batches take [heads, total]");
+  V r = t;
+  r.rank = 3;
+  r.shape = {1, t.shape[0], t.shape[1], 0};
+  r.strides = {0, t.strides[0], t.strides[1], 0};
+  return r;
+}
+
+// The offsets of a cu_seqlens tensor, checked: int32/int64 [B + 1], 0 first, non-decreasing,
+// `total` last.
+std::vector<std::int64_t> offsets(const TensorView& cu, const char* name, std::int64_t total,
+                                  const char* total_name) {
+  if (cu.rank != 1 || cu.shape[0] < 2)
+    fail(std::string(name) + " has shape " + dims(cu) + "; expected [B + 1] with B >= 1");
+  if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
+    fail(std::string(name) + " " + dims(cu) + " has dtype " + dtype_name(cu.dtype) +
+         "; expected int32 or int64");
+  if (cu.data == nullptr) fail(std::string(name) + " " + dims(cu) + ": data is null");
+  if (cu.strides[0] < 0) fail(std::string(name) + ": negative stride");
+  std::vector<std::int64_t> o(static_cast<std::size_t>(cu.shape[0]));
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    const auto at = static_cast<std::int64_t>(i) * cu.strides[0];
+    o[i] = cu.dtype == DType::i32 ? static_cast<const std::int32_t*>(cu.data)[at]
+                                  : static_cast<const std::int64_t*>(cu.data)[at];
+    if (i == 0 && o[0] != 0)
+      fail(std::string(name) + "[0] = " + std::to_string(o[0]) + "; offsets start at 0");
+    if (i > 0 && o[i] < o[i - 1])
+      fail(std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(o[i]) + " < " +
+           name + "[" + std::to_string(i - 1) + "] = " + std::to_string(o[i - 1]) +
+           "; offsets must be non-decreasing");
+  }
+  if (o.back() != total)
+    fail(std::string(name) + "[" + std::to_string(o.size() - 1) +
+         "] = " + std::to_string(o.back()) + " but " + total_name + " = " + std::to_string(total) +
+         "; the last offset must be the total");
+  return o;
+}
+
+template <class T>
+T* advance(T* base, DType dtype, std::int64_t elements) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
+                              elements * static_cast<std::int64_t>(dtype_size(dtype)));
+}
+
+struct Packed {
+  std::vector<Problem> run;    // sequences with queries and keys
+  std::vector<Problem> empty;  // sequences with queries but no keys
+};
+
+Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const OutputView& out, const TensorView& cu_q, const TensorView& cu_k,
+                       const AttentionOptions& opts, bool allow_f64) {
+  if (opts.mask)
+    fail("mask is not supported with cu_seqlens (packed batches); use causal or a window");
+  if (opts.key_lengths)
+    fail(
+        "key_lengths is not supported with cu_seqlens (packed batches): the offsets give each "
+        "sequence's length");
+  if (opts.weights) fail("weights is not supported with cu_seqlens (packed batches)");
+  AttentionOptions o = opts;
+  if (opts.lse) o.lse = as_bhl(*opts.lse, "lse");
+  if (opts.k_scales) o.k_scales = as_bhl(*opts.k_scales, "k_scales");
+  if (opts.v_scales) o.v_scales = as_bhl(*opts.v_scales, "v_scales");
+  const Problem whole = validate(as_bhld(q, "Q"), as_bhld(k, "K"), as_bhld(v, "V"),
+                                 as_bhld(out, "out"), o, allow_f64);
+  const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q", whole.Lq, "total_q");
+  const std::vector<std::int64_t> ok = offsets(cu_k, "cu_seqlens_k", whole.Lk, "total_k");
+  if (oq.size() != ok.size())
+    fail("cu_seqlens_q has shape " + dims(cu_q) + " but cu_seqlens_k has shape " + dims(cu_k) +
+         "; both are [B + 1]");
+  Packed packed;
+  for (std::size_t b = 0; b + 1 < oq.size(); ++b) {
+    Problem p = whole;
+    p.Lq = oq[b + 1] - oq[b];
+    p.Lk = ok[b + 1] - ok[b];
+    if (p.Lq == 0) continue;
+    p.q.data = advance(whole.q.data, whole.q.dtype, oq[b] * whole.q.s[2]);
+    p.k.data = advance(whole.k.data, whole.k.dtype, ok[b] * whole.k.s[2]);
+    p.v.data = advance(whole.v.data, whole.v.dtype, ok[b] * whole.v.s[2]);
+    p.out = advance(whole.out, whole.out_dtype, oq[b] * whole.out_s[2]);
+    if (whole.lse != nullptr) p.lse = advance(whole.lse, whole.lse_dtype, oq[b] * whole.lse_s[2]);
+    if (whole.k_scale != nullptr) p.k_scale = whole.k_scale + ok[b] * whole.k_scale_s[2];
+    if (whole.v_scale != nullptr) p.v_scale = whole.v_scale + ok[b] * whole.v_scale_s[2];
+    (p.Lk == 0 ? packed.empty : packed.run).push_back(p);
+  }
+  return packed;
+}
+
+// Rows with no key: out 0, lse the sink's (or -inf), as every other row with every key masked.
+void write_empty(const Problem& p) {
+  for (std::int64_t h = 0; h < p.H; ++h) {
+    const RowState st{-std::numeric_limits<float>::infinity(), 0.0f,
+                      static_cast<float>(p.sink(h) * kLog2e)};
+    for (std::int64_t i = 0; i < p.Lq; ++i) {
+      const std::int64_t off = h * p.out_s[1] + i * p.out_s[2];
+      for (std::int64_t d = 0; d < p.Dv; ++d) store_float(p.out, p.out_dtype, off + d, 0.0f);
+      if (p.lse != nullptr)
+        store_float(p.lse, p.lse_dtype, h * p.lse_s[1] + i * p.lse_s[2], st.lse());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const OutputView& out, const TensorView& cu_seqlens_q,
+                      const TensorView& cu_seqlens_k, const AttentionOptions& opts,
+                      Context* context) {
+  detail::CallScope scope("attention_varlen");
+  const detail::Packed packed =
+      detail::validate_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, opts, false);
+  Context& ctx = context != nullptr ? *context : default_context();
+  if (scope.active()) {
+    scope.record().shapes = "q:" + detail::dims(q) + ";k:" + detail::dims(k) +
+                            ";v:" + detail::dims(v) +
+                            ";sequences:" + std::to_string(cu_seqlens_q.shape[0] - 1);
+  }
+  for (const detail::Problem& p : packed.empty) detail::write_empty(p);
+  detail::run_fast_set(packed.run.data(), packed.run.size(), ctx);
+  scope.finish(ctx);
+}
+
+void reference_attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const OutputView& out, const TensorView& cu_seqlens_q,
+                                const TensorView& cu_seqlens_k, const AttentionOptions& opts) {
+  const detail::Packed packed =
+      detail::validate_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, opts, true);
+  for (const detail::Problem& p : packed.empty) detail::write_empty(p);
+  for (const detail::Problem& p : packed.run) detail::run_reference(p);
+}
+
+}  // namespace cpuattn
