@@ -596,4 +596,59 @@ TEST_F(CliBad, Variants) {
   }
 }
 
+// --cu-seqlens-q/-k: a packed batch of three sequences (one without keys) equals the runs of each
+// sequence alone, on every path; LSE is [H, total_q]; bad offsets are exit 2 with nothing written.
+TEST_F(Cli, PackedVariableLengthBatch) {
+  const std::int64_t D = 4;
+  const std::vector<std::int64_t> lq{3, 2, 4}, lk{5, 0, 4};
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> q, k, v;
+  for (std::int64_t n : lq)
+    for (std::int64_t i = 0; i < n * D; ++i) q.push_back(u(rng));
+  for (std::int64_t n : lk)
+    for (std::int64_t i = 0; i < n * D; ++i) k.push_back(u(rng)), v.push_back(u(rng));
+  put("q.npy", make({9, 1, D}, q));
+  put("k.npy", make({9, 1, D}, k));
+  put("v.npy", make({9, 1, D}, v));
+  put("cq.npy", npy::from_values<std::int32_t>({4}, {0, 3, 5, 9}));
+  put("ck.npy", npy::from_values<std::int64_t>({4}, {0, 5, 5, 9}));
+  const std::string flags = " --mask causal-bottom-right --softcap 2";
+  std::vector<double> want;
+  std::int64_t oq = 0, ok = 0;
+  for (std::size_t b = 0; b < lq.size(); ++b) {
+    if (lk[b] == 0) {
+      want.insert(want.end(), static_cast<std::size_t>(lq[b] * D), 0.0);
+    } else {
+      put("sq.npy",
+          make({lq[b], D}, std::vector<double>(q.begin() + oq * D, q.begin() + (oq + lq[b]) * D)));
+      put("sk.npy",
+          make({lk[b], D}, std::vector<double>(k.begin() + ok * D, k.begin() + (ok + lk[b]) * D)));
+      put("sv.npy",
+          make({lk[b], D}, std::vector<double>(v.begin() + ok * D, v.begin() + (ok + lk[b]) * D)));
+      const auto one = npy::values<float>(
+          run_ok("--q sq.npy --k sk.npy --v sv.npy --out out.npy --reference" + flags));
+      want.insert(want.end(), one.begin(), one.end());
+    }
+    oq += lq[b], ok += lk[b];
+  }
+  const std::string packed =
+      "--q q.npy --k k.npy --v v.npy --out out.npy --cu-seqlens-q cq.npy --cu-seqlens-k ck.npy" +
+      flags;
+  for (const char* p : kPaths) {
+    SCOPED_TRACE(p);
+    expect_values(run_ok(packed + " --lse lse.npy" + p), {9, 1, D}, want, 1e-6, 1e-6);
+    const auto lse = npy::values<float>(get("lse.npy"));
+    ASSERT_EQ(get("lse.npy").shape, (Shape{1, 9}));
+    EXPECT_TRUE(std::isinf(lse[3]) && lse[3] < 0);  // the sequence without keys
+  }
+  put("bad.npy", npy::from_values<std::int32_t>({4}, {0, 3, 2, 9}));
+  run_bad(
+      "--q q.npy --k k.npy --v v.npy --out out.npy --cu-seqlens-q bad.npy --cu-seqlens-k "
+      "ck.npy");
+  run_bad("--q q.npy --k k.npy --v v.npy --out out.npy --cu-seqlens-q cq.npy");
+  run_bad(packed + " --weights w.npy");
+  EXPECT_FALSE(exists(path("w.npy")));
+}
+
 }  // namespace

@@ -70,7 +70,7 @@ Shape parse_shape(const std::string& text, bool causal) {
       v.push_back(x);
     } catch (const std::exception&) {
       throw std::invalid_argument("--shape '" + text +
-                                  "': expected a name (S1,P1,P2,X1,D1,D2,W1,L1,M1,M2) or "
+                                  "': expected a name (S1,P1,P2,X1,D1,D2,W1,V1,L1,M1,M2) or "
                                   "B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
     }
   }
@@ -239,7 +239,79 @@ std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32) {
 
 }  // namespace
 
+// V1: 32 requests of 16..512 tokens (a fixed pseudo-random draw), self-attention with 12 heads of
+// 64 (an embedding or reranking server's batch), three ways: packed (attention_varlen), padded to
+// 512 with key lengths (one attention call; the padded query rows are computed and discarded),
+// and one attention call per request. All count the packed batch's FLOPs.
+std::optional<Case> packed_case(const std::string& name) {
+  if (name != "V1" && name != "V1pad" && name != "V1seq") return std::nullopt;
+  constexpr std::int64_t kB = 32, kH = 12, kD = 64, kMax = 512;
+  struct Data {
+    std::vector<std::int32_t> lens, cu;
+    AlignedFloats q, k, v, out;
+  };
+  auto d = std::make_shared<Data>();
+  std::uint32_t x = 2024;
+  d->cu.push_back(0);
+  double pairs = 0;
+  for (std::int64_t b = 0; b < kB; ++b) {
+    x = x * 1664525u + 1013904223u;
+    const auto L = static_cast<std::int32_t>(16 + (x >> 8) % (kMax - 16 + 1));
+    d->lens.push_back(L);
+    d->cu.push_back(d->cu.back() + L);
+    pairs += double(L) * L;
+  }
+  const std::int64_t total = d->cu.back();
+  const bool padded = name == "V1pad";
+  const std::int64_t rows = padded ? kB * kMax : total;
+  d->q = filled(rows * kH * kD, 1);
+  d->k = filled(rows * kH * kD, 2);
+  d->v = filled(rows * kH * kD, 3);
+  d->out.resize(rows * kH * kD);
+  const double flops = 4.0 * kD * kH * pairs;
+  const std::string dims = "32 requests of 16..512 tokens (" + std::to_string(total) +
+                           ") H12 D64, " +
+                           (padded         ? "padded to 512"
+                            : name == "V1" ? "packed"
+                                           : "one call each");
+  Case c{name, dims, flops, 0, false, {}};
+  if (name == "V1") {
+    c.run = [d, total](Context& ctx) {
+      const auto view = [&](const float* p) {
+        return TensorView::contiguous(p, DType::f32, {total, kH, kD});
+      };
+      const TensorView cu = TensorView::contiguous(d->cu.data(), DType::i32, {kB + 1});
+      attention_varlen(view(d->q.data()), view(d->k.data()), view(d->v.data()),
+                       OutputView::contiguous(d->out.data(), DType::f32, {total, kH, kD}), cu, cu,
+                       {}, &ctx);
+    };
+  } else if (padded) {
+    c.run = [d](Context& ctx) {
+      AttentionOptions o;
+      o.key_lengths = TensorView::contiguous(d->lens.data(), DType::i32, {kB});
+      const auto view = [&](const float* p) {
+        return TensorView::blhd(p, DType::f32, kB, kMax, kH, kD);
+      };
+      attention(view(d->q.data()), view(d->k.data()), view(d->v.data()),
+                OutputView::blhd(d->out.data(), DType::f32, kB, kMax, kH, kD), o, &ctx);
+    };
+  } else {
+    c.run = [d](Context& ctx) {
+      for (std::int64_t b = 0; b < kB; ++b) {
+        const std::int64_t L = d->lens[b], off = d->cu[b] * kH * kD;
+        const auto view = [&](const float* p) {
+          return TensorView::blhd(p + off, DType::f32, 1, L, kH, kD);
+        };
+        attention(view(d->q.data()), view(d->k.data()), view(d->v.data()),
+                  OutputView::blhd(d->out.data() + off, DType::f32, 1, L, kH, kD), {}, &ctx);
+      }
+    };
+  }
+  return c;
+}
+
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType weights) {
+  if (auto pc = packed_case(name)) return pc;
   if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
     const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
     auto x = std::make_shared<std::vector<float>>(M * K);

@@ -65,6 +65,7 @@ struct RunArgs {
   std::string dtype;  // "", f32, bf16, f16: the dtype Q, K and V are converted to
   // Variants (sdpa): "LEFT,RIGHT", soft-cap, default ALiBi slopes, slope and sink files.
   std::string window, alibi_slopes, sinks;
+  std::string cu_q, cu_k;  // packed variable-length batches
   double softcap = 0;
   bool alibi = false;
   // Set after parsing: whether the option was given.
@@ -148,7 +149,12 @@ void run_sdpa(const RunArgs& a) {
                {"--mask", mask_is_file ? a.mask : std::string()},
                {"--key-lengths", a.key_lengths},
                {"--alibi-slopes", a.alibi_slopes},
-               {"--sinks", a.sinks}});
+               {"--sinks", a.sinks},
+               {"--cu-seqlens-q", a.cu_q},
+               {"--cu-seqlens-k", a.cu_k}});
+  const bool packed = !a.cu_q.empty() || !a.cu_k.empty();
+  if (packed && (a.cu_q.empty() || a.cu_k.empty()))
+    fail("--cu-seqlens-q and --cu-seqlens-k go together (packed batches)");
 
   // ---- Inputs.
   const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
@@ -191,6 +197,10 @@ void run_sdpa(const RunArgs& a) {
     fail("Q, K and V must have the same rank; got Q " + npy::shape_str(q.shape) + ", K " +
          npy::shape_str(k.shape) + ", V " + npy::shape_str(v.shape));
   }
+  if (packed && rank != 3) {
+    fail("with --cu-seqlens-q/k, Q, K and V are packed [total, heads, d] (rank 3); got Q " +
+         npy::shape_str(q.shape));
+  }
   const std::int64_t Lk = k.shape[rank - 2];
   // The scores in the inputs' rank: Q's shape with Lk last.
   const std::vector<std::int64_t> scores_shape = with_last(q.shape, Lk);
@@ -220,7 +230,10 @@ void run_sdpa(const RunArgs& a) {
   // ---- Outputs, in memory.
   npy::Array out = npy::zeros(DType::f32, with_last(q.shape, v.shape.back()));
   npy::Array lse, weights;
-  if (!a.lse.empty()) {
+  if (!a.lse.empty() && packed) {
+    lse = npy::zeros(DType::f32, {q.shape[1], q.shape[0]});  // [H, total_q]
+    opts.lse = npy::output_view(lse);
+  } else if (!a.lse.empty()) {
     lse = npy::zeros(DType::f32, std::vector<std::int64_t>(q.shape.begin(), q.shape.end() - 1));
     opts.lse = as_bhl(npy::output_view(lse));
   }
@@ -238,8 +251,28 @@ void run_sdpa(const RunArgs& a) {
     kv.data = half_k.data(), kv.dtype = compute;
     vv.data = half_v.data(), vv.dtype = compute;
   }
-  const OutputView ov = as_bhlx(npy::output_view(out));
-  if (a.reference) {
+  OutputView ov = as_bhlx(npy::output_view(out));
+  if (packed) {
+    // Packed [total, heads, d] views as they are; the library cuts them per sequence.
+    const auto keep_data = [](TensorView& t, const TensorView& packed_view) {
+      const void* data = t.data;
+      const DType dt = t.dtype;
+      t = packed_view;
+      t.data = data, t.dtype = dt;
+    };
+    keep_data(qv, npy::input_view(q));
+    keep_data(kv, npy::input_view(k));
+    keep_data(vv, npy::input_view(v));
+    ov = npy::output_view(out);
+    const npy::Array cq = npy::read(a.cu_q), ck = npy::read(a.cu_k);
+    const TensorView cqv = npy::input_view(cq), ckv = npy::input_view(ck);
+    if (a.reference) {
+      reference_attention_varlen(qv, kv, vv, ov, cqv, ckv, opts);
+    } else {
+      const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
+      attention_varlen(qv, kv, vv, ov, cqv, ckv, opts, context.get());
+    }
+  } else if (a.reference) {
     if (a.threads > 0) {
       tbb::task_arena arena(a.threads);
       arena.execute([&] { reference_attention(qv, kv, vv, ov, opts); });
@@ -498,6 +531,16 @@ void add_run_command(CLI::App& app, int& exit_code) {
                        "added to each row's softmax denominator only (weights then sum below 1)"),
        kSdpa)
       ->type_name("SINKS.npy");
+  only(cmd->add_option("--cu-seqlens-q", args->cu_q,
+                       "sdpa: packed variable-length batch: int32/int64 [B + 1] offsets of each "
+                       "sequence's queries in Q [total_q, H, D] (with --cu-seqlens-k; Q, K, V "
+                       "rank 3; each sequence attends to its own keys; LSE is [H, total_q])"),
+       kSdpa)
+      ->type_name("CQ.npy");
+  only(cmd->add_option("--cu-seqlens-k", args->cu_k,
+                       "sdpa: the offsets of each sequence's keys in K and V [total_k, Hkv, D]"),
+       kSdpa)
+      ->type_name("CK.npy");
   only(cmd->add_flag("--reference", args->reference,
                      "sdpa: use the slow double-precision reference implementation instead of "
                      "the fast path (float64 inputs are used as is)"),
