@@ -58,7 +58,7 @@ extern "C" {
 
 /* Version of this C interface; incremented when it changes (fields are only ever appended to the
  * versioned structs, and functions only added). cpuattn_c_api_version() gives the library's. */
-#define CPUATTN_C_API_VERSION 1
+#define CPUATTN_C_API_VERSION 2
 
 /* ----------------------------------------------------------------------------- status, errors */
 
@@ -194,6 +194,14 @@ typedef struct cpuattn_attention_options {
   /* Optional outputs, NULL = not wanted: */
   const cpuattn_tensor* lse;     /* f32 [B, H, Lq], natural-log logsumexp of each row */
   const cpuattn_tensor* weights; /* f32 [B, H, Lq, Lk]; the call then runs the reference */
+  /* Since C API version 2: the variants (see cpuattn::AttentionOptions; all zero = none). A struct
+   * of version 1's size ends before them and gets these defaults. */
+  int has_window;                     /* 0: no sliding window */
+  int64_t window_left, window_right;  /* used when has_window != 0; -1 = unbounded side */
+  double softcap;                     /* 0 = off; else finite > 0: s <- C tanh(s / C) */
+  int alibi;                          /* nonzero: ALiBi with the standard slopes of H heads */
+  const cpuattn_tensor* alibi_slopes; /* f32 [H], or NULL */
+  const cpuattn_tensor* sinks;        /* f32 [H] sink logits (finite or -inf), or NULL */
 } cpuattn_attention_options;
 
 /* The smallest struct_size accepted: struct_size, has_scale, scale and causal. */
@@ -215,6 +223,20 @@ CPUATTN_API cpuattn_status cpuattn_reference_attention(const cpuattn_tensor* q,
                                                        const cpuattn_tensor* v,
                                                        const cpuattn_tensor* out,
                                                        const cpuattn_attention_options* options);
+
+/* Packed variable-length batches (cpuattn::attention_varlen; since C API version 2): q
+ * [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], out [total_q, H, Dv], cu_seqlens_q /
+ * cu_seqlens_k i32 or i64 [B + 1]; options->lse is f32 [H, total_q]; mask, key_lengths and
+ * weights are errors. */
+CPUATTN_API cpuattn_status
+cpuattn_attention_varlen(const cpuattn_tensor* q, const cpuattn_tensor* k, const cpuattn_tensor* v,
+                         const cpuattn_tensor* out, const cpuattn_tensor* cu_seqlens_q,
+                         const cpuattn_tensor* cu_seqlens_k,
+                         const cpuattn_attention_options* options, cpuattn_context* context);
+CPUATTN_API cpuattn_status cpuattn_reference_attention_varlen(
+    const cpuattn_tensor* q, const cpuattn_tensor* k, const cpuattn_tensor* v,
+    const cpuattn_tensor* out, const cpuattn_tensor* cu_seqlens_q,
+    const cpuattn_tensor* cu_seqlens_k, const cpuattn_attention_options* options);
 
 /* ---------------------------------------------------------------------------------- KV caches */
 

@@ -276,6 +276,13 @@ cpuattn::AttentionOptions to_options(const cpuattn_attention_options* p) {
   r.field(&cpuattn_attention_options::v_scales);
   r.field(&cpuattn_attention_options::lse);
   r.field(&cpuattn_attention_options::weights);
+  r.field(&cpuattn_attention_options::has_window);
+  r.field(&cpuattn_attention_options::window_left);
+  r.field(&cpuattn_attention_options::window_right);
+  r.field(&cpuattn_attention_options::softcap);
+  r.field(&cpuattn_attention_options::alibi);
+  r.field(&cpuattn_attention_options::alibi_slopes);
+  r.field(&cpuattn_attention_options::sinks);
   const cpuattn_attention_options& s = r.get();
   if (s.has_scale) o.scale = s.scale;
   o.causal = to_causal(s.causal, "options->causal");
@@ -285,6 +292,14 @@ cpuattn::AttentionOptions to_options(const cpuattn_attention_options* p) {
   o.v_scales = optional_in(s.v_scales, "options->v_scales");
   if (s.lse) o.lse = out_view(s.lse, "options->lse");
   if (s.weights) o.weights = out_view(s.weights, "options->weights");
+  if (s.has_window) {
+    o.window_left = s.window_left;
+    o.window_right = s.window_right;
+  }
+  o.softcap = s.softcap;
+  o.alibi = s.alibi != 0;
+  o.alibi_slopes = optional_in(s.alibi_slopes, "options->alibi_slopes");
+  o.sinks = optional_in(s.sinks, "options->sinks");
   return o;
 }
 
@@ -443,6 +458,11 @@ void cpuattn_attention_options_init(cpuattn_attention_options* options) {
   options->causal = CPUATTN_CAUSAL_NONE;
   options->mask = options->key_lengths = options->k_scales = options->v_scales = nullptr;
   options->lse = options->weights = nullptr;
+  options->has_window = 0;
+  options->window_left = options->window_right = -1;
+  options->softcap = 0.0;
+  options->alibi = 0;
+  options->alibi_slopes = options->sinks = nullptr;
 }
 
 cpuattn_status cpuattn_attention(const cpuattn_tensor* q, const cpuattn_tensor* k,
@@ -463,6 +483,34 @@ cpuattn_status cpuattn_reference_attention(const cpuattn_tensor* q, const cpuatt
     const auto qv = in(q, "q"), kv = in(k, "k"), vv = in(v, "v");
     const auto ov = out_view(out, "out");
     cpuattn::reference_attention(qv, kv, vv, ov, to_options(options));
+  });
+}
+
+cpuattn_status cpuattn_attention_varlen(const cpuattn_tensor* q, const cpuattn_tensor* k,
+                                        const cpuattn_tensor* v, const cpuattn_tensor* out,
+                                        const cpuattn_tensor* cu_seqlens_q,
+                                        const cpuattn_tensor* cu_seqlens_k,
+                                        const cpuattn_attention_options* options,
+                                        cpuattn_context* context) {
+  return guarded([&] {
+    const auto qv = in(q, "q"), kv = in(k, "k"), vv = in(v, "v");
+    const auto cq = in(cu_seqlens_q, "cu_seqlens_q"), ck = in(cu_seqlens_k, "cu_seqlens_k");
+    const auto ov = out_view(out, "out");
+    cpuattn::attention_varlen(qv, kv, vv, ov, cq, ck, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_reference_attention_varlen(const cpuattn_tensor* q, const cpuattn_tensor* k,
+                                                  const cpuattn_tensor* v,
+                                                  const cpuattn_tensor* out,
+                                                  const cpuattn_tensor* cu_seqlens_q,
+                                                  const cpuattn_tensor* cu_seqlens_k,
+                                                  const cpuattn_attention_options* options) {
+  return guarded([&] {
+    const auto qv = in(q, "q"), kv = in(k, "k"), vv = in(v, "v");
+    const auto cq = in(cu_seqlens_q, "cu_seqlens_q"), ck = in(cu_seqlens_k, "cu_seqlens_k");
+    const auto ov = out_view(out, "out");
+    cpuattn::reference_attention_varlen(qv, kv, vv, ov, cq, ck, to_options(options));
   });
 }
 

@@ -1049,6 +1049,130 @@ static void test_internal_status(void) {
   CHECK(strcmp(cpuattn_status_name(CPUATTN_ERROR_INTERNAL), "internal") == 0);
 }
 
+/* The variants (C API version 2) against the reference; a version-1-sized struct ignores them;
+ * bad values are INVALID_ARGUMENT naming the field. */
+static void test_variants(void) {
+  cpuattn_attention_options opts;
+  float slopes[H] = {0.5f, 0.25f, 0.125f, 0.0625f};
+  float sinks[H] = {1.0f, -INFINITY, 0.5f, 2.0f};
+  cpuattn_tensor tslopes = tensor(slopes, CPUATTN_DTYPE_F32, 1, H, 0, 0, 0);
+  cpuattn_tensor tsinks = tensor(sinks, CPUATTN_DTYPE_F32, 1, H, 0, 0, 0);
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* plain = filled(NO, -kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tp = f32_4d(plain, B, H, LQ, DV);
+
+  cpuattn_attention_options_init(&opts);
+  CHECK(opts.has_window == 0 && opts.window_left == -1 && opts.window_right == -1 &&
+        opts.softcap == 0.0 && opts.alibi == 0 && opts.alibi_slopes == NULL && opts.sinks == NULL);
+  opts.has_window = 1;
+  opts.window_left = 2;
+  opts.window_right = 0;
+  compare_with_reference("window (2, 0) + lse", &opts, NULL, 1);
+  opts.softcap = 1.5;
+  opts.alibi = 1;
+  compare_with_reference("window + softcap + default ALiBi + lse", &opts, NULL, 1);
+  opts.alibi = 0;
+  opts.alibi_slopes = &tslopes;
+  opts.sinks = &tsinks;
+  compare_with_reference("window + softcap + given slopes + sinks + lse", &opts, NULL, 1);
+
+  /* Each field is read: alone, it changes the result. */
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &tp, NULL, NULL));
+  {
+    int field;
+    for (field = 0; field < 5; ++field) {
+      cpuattn_attention_options one;
+      cpuattn_attention_options_init(&one);
+      if (field == 0) one.has_window = 1, one.window_left = 1;
+      if (field == 1) one.softcap = 0.25;
+      if (field == 2) one.alibi = 1;
+      if (field == 3) one.alibi_slopes = &tslopes;
+      if (field == 4) one.sinks = &tsinks;
+      EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &one, NULL));
+      CHECK(memcmp(out, plain, NO * sizeof(float)) != 0);
+    }
+  }
+
+  /* Version 1's size ends before the variants: they are not read, the call is plain. */
+  opts.struct_size = offsetof(cpuattn_attention_options, has_window);
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  EXPECT_OK(cpuattn_attention(&tq, &tk, &tv, &tp, NULL, NULL));
+  CHECK(memcmp(out, plain, NO * sizeof(float)) == 0);
+
+  cpuattn_attention_options_init(&opts);
+  opts.softcap = -1.0;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  CHECK(contains(cpuattn_last_error(), "softcap"));
+  cpuattn_attention_options_init(&opts);
+  opts.has_window = 1;
+  opts.window_left = -3;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_attention(&tq, &tk, &tv, &to, &opts, NULL));
+  CHECK(contains(cpuattn_last_error(), "window_left = -3"));
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(plain);
+}
+
+/* A packed batch of three sequences (one without keys) against the varlen reference. */
+static void test_varlen(void) {
+  enum { TQ = 9, TK = 11, VH = 2 };
+  int32_t cu_q[4] = {0, 4, 5, 9};
+  int64_t cu_k[4] = {0, 6, 6, 11};
+  int32_t bad[4] = {0, 5, 4, 9};
+  float* q = random_floats(TQ * VH * D, 1.0f);
+  float* k = random_floats(TK * VH * D, 1.0f);
+  float* v = random_floats(TK * VH * DV, 1.0f);
+  float* out = filled(TQ * VH * DV, kSentinel);
+  float* want = filled(TQ * VH * DV, -kSentinel);
+  float* lse = filled(VH * TQ, kSentinel);
+  float* want_lse = filled(VH * TQ, -kSentinel);
+  cpuattn_tensor tq = f32_3d(q, TQ, VH, D), tk = f32_3d(k, TK, VH, D), tv = f32_3d(v, TK, VH, DV);
+  cpuattn_tensor to = f32_3d(out, TQ, VH, DV), tw = f32_3d(want, TQ, VH, DV);
+  cpuattn_tensor tl = tensor(lse, CPUATTN_DTYPE_F32, 2, VH, TQ, 0, 0);
+  cpuattn_tensor twl = tensor(want_lse, CPUATTN_DTYPE_F32, 2, VH, TQ, 0, 0);
+  cpuattn_tensor tcq = tensor(cu_q, CPUATTN_DTYPE_I32, 1, 4, 0, 0, 0);
+  cpuattn_tensor tck = tensor(cu_k, CPUATTN_DTYPE_I64, 1, 4, 0, 0, 0);
+  cpuattn_tensor tbad = tensor(bad, CPUATTN_DTYPE_I32, 1, 4, 0, 0, 0);
+  cpuattn_attention_options opts;
+  cpuattn_attention_options_init(&opts);
+  opts.causal = CPUATTN_CAUSAL_BOTTOM_RIGHT;
+  opts.lse = &tl;
+  EXPECT_OK(cpuattn_attention_varlen(&tq, &tk, &tv, &to, &tcq, &tck, &opts, NULL));
+  opts.lse = &twl;
+  EXPECT_OK(cpuattn_reference_attention_varlen(&tq, &tk, &tv, &tw, &tcq, &tck, &opts));
+  ++g_checks;
+  if (!close_to(out, want, TQ * VH * DV, kRtol, kAtol, "varlen out") ||
+      !close_to(lse, want_lse, VH * TQ, kRtol, kAtol, "varlen lse")) {
+    ++g_failures;
+    fprintf(stderr, "FAILED: varlen: fast path differs from the reference\n");
+  }
+  CHECK(out[4 * VH * DV] == 0.0f && isinf(lse[4]) && lse[4] < 0); /* sequence 1 has no keys */
+  free(out);
+  out = filled(TQ * VH * DV, kSentinel);
+  to = f32_3d(out, TQ, VH, DV);
+  opts.lse = NULL;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_attention_varlen(&tq, &tk, &tv, &to, &tbad, &tck, &opts, NULL));
+  CHECK(contains(cpuattn_last_error(), "cu_seqlens_q[2] = 4"));
+  CHECK(all_equal(out, TQ * VH * DV, kSentinel));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                cpuattn_attention_varlen(&tq, &tk, &tv, &to, NULL, &tck, &opts, NULL));
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(want);
+  free(lse);
+  free(want_lse);
+}
+
 int main(void) {
   test_version_and_names();
   test_tensor_helpers();
@@ -1060,6 +1184,8 @@ int main(void) {
   test_invalid_argument();
   test_null_pointers();
   test_struct_size();
+  test_variants();
+  test_varlen();
   test_internal_status();
   test_out_of_memory(); /* last: it briefly limits the address space */
   if (g_failures) {
