@@ -308,6 +308,58 @@ py::object run_attention(bool reference, const py::handle& q_obj, const py::hand
   return out;
 }
 
+// attention_varlen() and reference_attention_varlen(): packed [total, heads, d] arrays.
+py::object run_varlen(bool reference, const py::handle& q_obj, const py::handle& k_obj,
+                      const py::handle& v_obj, const py::handle& cu_q_obj,
+                      const py::handle& cu_k_obj, const py::handle& is_causal,
+                      const std::optional<double>& scale, bool return_lse,
+                      const py::object& out_obj, const VariantArgs& variants,
+                      cpuattn::Context* ctx) {
+  Call call;
+  py::array q = as_array(q_obj, "q"), k = as_array(k_obj, "k"), v = as_array(v_obj, "v");
+  call.keep = {q, k, v};
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
+    fail("packed q, k and v are [total, heads, d] (rank 3); got q " + shape_str(q) + ", k " +
+         shape_str(k) + ", v " + shape_str(v));
+  const DType qt = dtype_of(q, "q", false), kt = dtype_of(k, "k", false),
+              vt = dtype_of(v, "v", false);
+  const auto offsets = [&](const py::handle& obj, const char* name) {
+    py::array a = as_array(obj, name);
+    if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
+      fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected integers");
+    a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(a);
+    call.keep.push_back(a);
+    return make_view<cpuattn::TensorView>(a, DType::i64, name);
+  };
+  const auto cq = offsets(cu_q_obj, "cu_seqlens_q"), ck = offsets(cu_k_obj, "cu_seqlens_k");
+  call.opts.scale = scale;
+  call.opts.causal = parse_causal(is_causal);
+  variants.apply(call);
+  py::array out = out_obj.is_none()
+                      ? new_array(reference ? DType::f64 : qt, {q.shape(0), q.shape(1), v.shape(2)})
+                      : writable(out_obj, "out");
+  call.keep.push_back(out);
+  const auto ov = make_view<cpuattn::OutputView>(out, dtype_of(out, "out", false), "out");
+  py::array lse;
+  if (return_lse) {
+    lse = new_array(DType::f32, {q.shape(1), q.shape(0)});  // [H, total_q]
+    call.keep.push_back(lse);
+    call.opts.lse = make_view<cpuattn::OutputView>(lse, DType::f32, "lse");
+  }
+  const auto qv = make_view<cpuattn::TensorView>(q, qt, "q");
+  const auto kv = make_view<cpuattn::TensorView>(k, kt, "k");
+  const auto vv = make_view<cpuattn::TensorView>(v, vt, "v");
+  {
+    py::gil_scoped_release nogil;
+    if (reference)
+      cpuattn::reference_attention_varlen(qv, kv, vv, ov, cq, ck, call.opts);
+    else
+      cpuattn::attention_varlen(qv, kv, vv, ov, cq, ck, call.opts, ctx);
+  }
+  if (return_lse) return py::make_tuple(out, lse);
+  return out;
+}
+
 // Copies a library view (any strides) into a new C-contiguous array of its dtype.
 py::array copy_view(const cpuattn::TensorView& t) {
   std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.begin() + t.rank);
@@ -475,6 +527,44 @@ PYBIND11_MODULE(cpuattn, m) {
       "scale"_a = py::none(), "key_lengths"_a = py::none(), "return_lse"_a = false,
       "out"_a = py::none(), "bf16"_a = false, "window_size"_a = py::none(), "softcap"_a = 0.0,
       "alibi"_a = false, "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
+
+  m.def(
+      "attention_varlen",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& cu_q,
+         const py::handle& cu_k, const py::handle& is_causal, std::optional<double> scale,
+         bool return_lse, const py::object& out, std::optional<int> threads,
+         cpuattn::Context* context, const py::object& window_size, double softcap, bool alibi,
+         const py::object& alibi_slopes, const py::object& sinks) {
+        const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
+        return run_varlen(false, q, k, v, cu_q, cu_k, is_causal, scale, return_lse, out, va,
+                          pick_context(threads, context));
+      },
+      "Packed variable-length batches (FlashAttention's varlen): q [total_q, H, D], k "
+      "[total_k, Hkv, D], v [total_k, Hkv, Dv], cu_seqlens_q / cu_seqlens_k integer offsets "
+      "[B + 1]; each sequence attends to its own keys; every keyword of attention() but "
+      "attn_mask and key_lengths applies per sequence. Returns out [total_q, H, Dv], or "
+      "(out, lse [H, total_q]).",
+      "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, py::kw_only(), "is_causal"_a = false,
+      "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(),
+      "threads"_a = py::none(), "context"_a = static_cast<cpuattn::Context*>(nullptr),
+      "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
+      "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
+
+  m.def(
+      "reference_attention_varlen",
+      [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& cu_q,
+         const py::handle& cu_k, const py::handle& is_causal, std::optional<double> scale,
+         bool return_lse, const py::object& out, const py::object& window_size, double softcap,
+         bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
+        const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
+        return run_varlen(true, q, k, v, cu_q, cu_k, is_causal, scale, return_lse, out, va,
+                          nullptr);
+      },
+      "The double-precision oracle of attention_varlen (float64 out by default).", "q"_a, "k"_a,
+      "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, py::kw_only(), "is_causal"_a = false,
+      "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(),
+      "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
+      "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 
   m.def(
       "active_target",

@@ -498,3 +498,45 @@ def test_variant_errors(kw, pattern):
     with pytest.raises(ValueError, match=pattern):
         cpuattn.attention(q, k, v, out=out, **kw)
     assert np.all(out == 42.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed variable-length batches against each sequence alone.
+
+
+@pytest.mark.parametrize("fn", ["attention_varlen", "reference_attention_varlen"])
+def test_varlen_matches_each_sequence(fn):
+    rng = np.random.default_rng(31)
+    lq, lk = [5, 0, 3, 9, 2], [7, 4, 0, 9, 30]
+    cq, ck = np.cumsum([0] + lq), np.cumsum([0] + lk).astype(np.int32)
+    q = rand(rng, cq[-1], 4, 16)
+    k, v = rand(rng, ck[-1], 2, 16), rand(rng, ck[-1], 2, 8)
+    kw = dict(is_causal="bottom_right", window_size=(4, -1), softcap=3.0,
+              sinks=np.array([0.5, 1.0, -np.inf, 2.0], np.float32))
+    out, lse = getattr(cpuattn, fn)(q, k, v, cq, ck, return_lse=True, **kw)
+    assert out.shape == (cq[-1], 4, 8) and lse.shape == (4, cq[-1])
+    for b in range(len(lq)):
+        if lq[b] == 0:
+            continue
+        qs = q[cq[b]:cq[b + 1]].transpose(1, 0, 2)[None]
+        ks = k[ck[b]:ck[b + 1]].transpose(1, 0, 2)[None]
+        vs = v[ck[b]:ck[b + 1]].transpose(1, 0, 2)[None]
+        got = out[cq[b]:cq[b + 1]].transpose(1, 0, 2)[None]
+        if lk[b] == 0:
+            assert np.all(got == 0)
+            continue
+        want, want_lse = np_attention(qs, ks, vs, causal="bottom_right", window_size=(4, -1),
+                                      softcap=3.0, sinks=kw["sinks"])
+        np.testing.assert_allclose(got, want, atol=tol(lk[b]), rtol=0)
+        np.testing.assert_allclose(lse[:, cq[b]:cq[b + 1]], want_lse[0], atol=tol(lk[b]) * 8)
+
+
+def test_varlen_errors():
+    rng = np.random.default_rng(32)
+    q, k = rand(rng, 7, 2, 8), rand(rng, 7, 1, 8)
+    out = np.full((7, 2, 8), 42.0, np.float32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[2\] = 2"):
+        cpuattn.attention_varlen(q, k, k, np.array([0, 3, 2, 7]), np.array([0, 2, 5, 7]), out=out)
+    with pytest.raises(ValueError, match=r"rank 3"):
+        cpuattn.attention_varlen(q[None], k, k, np.array([0, 7]), np.array([0, 7]))
+    assert np.all(out == 42.0)
