@@ -9,6 +9,7 @@
 
 #include "api/attention.h"
 #include "api/call_scope.h"
+#include "api/checks.h"
 #include "api/context_impl.h"
 #include "core/dtypes.h"
 #include "core/problem.h"
@@ -18,19 +19,11 @@ namespace cpuattn {
 namespace detail {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw Error("cpuattn: " + what); }
-
-std::string dims(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.rank && d < kMaxRank; ++d) s += (d ? "," : "") + std::to_string(t.shape[d]);
-  return s + "]";
-}
-
 // A packed [total, heads, d] tensor as the [1, heads, total, d] view validate() reads.
 template <class V>
 V as_bhld(const V& t, const char* name) {
   if (t.rank != 3)
-    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + dims(t) +
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + shape_str(t) +
          "; packed batches take [total, heads, d]");
   V r = t;
   r.rank = 4;
@@ -44,7 +37,7 @@ V as_bhld(const V& t, const char* name) {
 template <class V>
 V as_bhl(const V& t, const char* name) {
   if (t.rank != 2)
-    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + dims(t) +
+    fail(std::string(name) + " has rank " + std::to_string(t.rank) + " " + shape_str(t) +
          "; packed batches take [heads, total]");
   V r = t;
   r.rank = 3;
@@ -58,11 +51,11 @@ V as_bhl(const V& t, const char* name) {
 std::vector<std::int64_t> offsets(const TensorView& cu, const char* name, std::int64_t total,
                                   const char* total_name) {
   if (cu.rank != 1 || cu.shape[0] < 2)
-    fail(std::string(name) + " has shape " + dims(cu) + "; expected [B + 1] with B >= 1");
+    fail(std::string(name) + " has shape " + shape_str(cu) + "; expected [B + 1] with B >= 1");
   if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
-    fail(std::string(name) + " " + dims(cu) + " has dtype " + dtype_name(cu.dtype) +
+    fail(std::string(name) + " " + shape_str(cu) + " has dtype " + dtype_name(cu.dtype) +
          "; expected int32 or int64");
-  if (cu.data == nullptr) fail(std::string(name) + " " + dims(cu) + ": data is null");
+  if (cu.data == nullptr) fail(std::string(name) + " " + shape_str(cu) + ": data is null");
   if (cu.strides[0] < 0) fail(std::string(name) + ": negative stride");
   std::vector<std::int64_t> o(static_cast<std::size_t>(cu.shape[0]));
   for (std::size_t i = 0; i < o.size(); ++i) {
@@ -114,8 +107,8 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
   const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q", whole.Lq, "total_q");
   const std::vector<std::int64_t> ok = offsets(cu_k, "cu_seqlens_k", whole.Lk, "total_k");
   if (oq.size() != ok.size())
-    fail("cu_seqlens_q has shape " + dims(cu_q) + " but cu_seqlens_k has shape " + dims(cu_k) +
-         "; both are [B + 1]");
+    fail("cu_seqlens_q has shape " + shape_str(cu_q) + " but cu_seqlens_k has shape " +
+         shape_str(cu_k) + "; both are [B + 1]");
   Packed packed;
   for (std::size_t b = 0; b + 1 < oq.size(); ++b) {
     Problem p = whole;
@@ -160,8 +153,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
       detail::validate_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, opts, false);
   Context& ctx = context != nullptr ? *context : default_context();
   if (scope.active()) {
-    scope.record().shapes = "q:" + detail::dims(q) + ";k:" + detail::dims(k) +
-                            ";v:" + detail::dims(v) +
+    scope.record().shapes = "q:" + detail::dims_of(q) + ";k:" + detail::dims_of(k) +
+                            ";v:" + detail::dims_of(v) +
                             ";sequences:" + std::to_string(cu_seqlens_q.shape[0] - 1);
   }
   for (const detail::Problem& p : packed.empty) detail::write_empty(p);
