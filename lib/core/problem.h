@@ -61,6 +61,30 @@ struct Problem {
   const float* sinks = nullptr;
   std::int64_t sinks_s = 0;
 
+  // Paged K/V (attention over a paged cache, api/paged.cpp): key j of batch b is row
+  // j & (page_size - 1) of page pages[b * pages_s + (j >> page_shift)], and the [0] strides of
+  // k, v, k_scale_s and v_scale_s step from one page to the next. nullptr: K/V are plain strided
+  // tensors. Every kernel reads K/V rows through key_off(), and a run of keys that shares a page
+  // (page_run()) is contiguous with stride s[2].
+  const std::int32_t* pages = nullptr;
+  std::int64_t pages_s = 0;
+  int page_shift = 0;
+
+  // Element offset of key j of batch b in a K/V tensor (or its scales) with strides s, before the
+  // head term hk * s[1].
+  CPUATTN_ALWAYS_INLINE std::int64_t key_off(const std::int64_t* s, std::int64_t b,
+                                             std::int64_t j) const {
+    if (pages == nullptr) return b * s[0] + j * s[2];
+    const std::int64_t mask = (std::int64_t{1} << page_shift) - 1;
+    return static_cast<std::int64_t>(pages[b * pages_s + (j >> page_shift)]) * s[0] +
+           (j & mask) * s[2];
+  }
+  // Keys from j on that lie in j's page (unbounded without pages).
+  CPUATTN_ALWAYS_INLINE std::int64_t page_run(std::int64_t j) const {
+    if (pages == nullptr) return std::numeric_limits<std::int64_t>::max();
+    return (std::int64_t{1} << page_shift) - (j & ((std::int64_t{1} << page_shift) - 1));
+  }
+
   bool has_alibi() const { return alibi != nullptr || alibi_default; }
   // ALiBi slope of query head h (0 without ALiBi). The standard slopes (Press et al.): for the
   // first n = 2^floor(log2 H) heads 2^(-8(h+1)/n), then 2^(-4(2k+1)/n) for head n + k.

@@ -32,9 +32,9 @@ void store(void* base, DType dtype, std::int64_t offset, double value) {
   }
 }
 
-float scale_of(const float* scale, const std::int64_t* s, std::int64_t b, std::int64_t hk,
-               std::int64_t j) {
-  return scale == nullptr ? 1.0f : scale[b * s[0] + hk * s[1] + j * s[2]];
+float scale_of(const Problem& p, const float* scale, const std::int64_t* s, std::int64_t b,
+               std::int64_t hk, std::int64_t j) {
+  return scale == nullptr ? 1.0f : scale[p.key_off(s, b, j) + hk * s[1]];
 }
 
 // Returns -inf for a masked key, else the additive mask term (0 without one).
@@ -67,8 +67,8 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
       s[j] = neg_inf;
       continue;
     }
-    const std::int64_t k_off = b * p.k.s[0] + hk * p.k.s[1] + j * p.k.s[2];
-    const float ksc = scale_of(p.k_scale, p.k_scale_s, b, hk, j);
+    const std::int64_t k_off = p.key_off(p.k.s, b, j) + hk * p.k.s[1];
+    const float ksc = scale_of(p, p.k_scale, p.k_scale_s, b, hk, j);
     double dot = 0;
     for (std::int64_t d = 0; d < p.D; ++d) {
       dot += load(p.q.data, p.q.dtype, q_off + d) * load(p.k.data, p.k.dtype, k_off + d, ksc);
@@ -104,8 +104,8 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
   std::vector<double> acc(static_cast<std::size_t>(p.Dv), 0.0);
   for (std::int64_t j = 0; j < p.Lk; ++j) {
     if (s[j] == 0.0) continue;
-    const std::int64_t v_off = b * p.v.s[0] + hk * p.v.s[1] + j * p.v.s[2];
-    const float vsc = scale_of(p.v_scale, p.v_scale_s, b, hk, j);
+    const std::int64_t v_off = p.key_off(p.v.s, b, j) + hk * p.v.s[1];
+    const float vsc = scale_of(p, p.v_scale, p.v_scale_s, b, hk, j);
     for (std::int64_t d = 0; d < p.Dv; ++d)
       acc[d] += s[j] * load(p.v.data, p.v.dtype, v_off + d, vsc);
   }

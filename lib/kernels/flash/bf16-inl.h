@@ -61,8 +61,7 @@ struct NativeBf16 {
   // words (pairs) and transposed in registers, giving [pair][16 keys][2] per vector.
   static void PackK(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
                     std::int64_t nk, std::uint32_t* CPUATTN_RESTRICT kb) {
-    const std::uint16_t* K =
-        static_cast<const std::uint16_t*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
+    const std::uint16_t* K = static_cast<const std::uint16_t*>(p.k.data) + hk * p.k.s[1];
     const std::int64_t dp2 = Pairs(p.D);
     const std::int64_t panels = (nk + W - 1) / W;
     for (std::int64_t pi = 0; pi < panels; ++pi) {
@@ -78,7 +77,7 @@ struct NativeBf16 {
               r[w] = _mm512_setzero_ps();
               continue;
             }
-            const std::uint16_t* src = K + (j0 + w0 + w) * p.k.s[2] + 2 * q0;
+            const std::uint16_t* src = K + p.key_off(p.k.s, b, j0 + w0 + w) + 2 * q0;
             const std::int64_t elems = std::min<std::int64_t>(2 * pairs, p.D - 2 * q0);
             if (elems == 2 * N) {
               r[w] = _mm512_loadu_ps(src);
@@ -99,17 +98,16 @@ struct NativeBf16 {
   // Vb chunks of keys [j0, j0 + nk): two rows of V interleaved column by column.
   static void PackV(const detail::Problem& p, std::int64_t DvP, std::int64_t b, std::int64_t hk,
                     std::int64_t j0, std::int64_t nk, std::uint32_t* CPUATTN_RESTRICT vb) {
-    const std::uint16_t* Vs =
-        static_cast<const std::uint16_t*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
+    const std::uint16_t* Vs = static_cast<const std::uint16_t*>(p.v.data) + hk * p.v.s[1];
     const std::int64_t nk2 = Pairs(nk);
     for (std::int64_t c0 = 0; c0 < DvP; c0 += CW) {
       const std::int64_t cw = std::min<std::int64_t>(CW, DvP - c0);
       std::uint32_t* dst = vb + c0 * nk2;  // chunk c0: nk2 pair rows of cw words
       const std::int64_t valid = std::max<std::int64_t>(0, std::min(cw, p.Dv - c0));
       for (std::int64_t k2 = 0; k2 < nk2; ++k2) {
-        const std::uint16_t* r0 = Vs + (j0 + 2 * k2) * p.v.s[2] + c0;
+        const std::uint16_t* r0 = Vs + p.key_off(p.v.s, b, j0 + 2 * k2) + c0;
         const bool has_r1 = 2 * k2 + 1 < nk;
-        const std::uint16_t* r1 = has_r1 ? r0 + p.v.s[2] : nullptr;
+        const std::uint16_t* r1 = has_r1 ? Vs + p.key_off(p.v.s, b, j0 + 2 * k2 + 1) + c0 : nullptr;
         std::uint32_t* row = dst + k2 * cw;
         std::int64_t c = 0;
         for (; c + N <= valid; c += N) {

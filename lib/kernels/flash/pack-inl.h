@@ -37,20 +37,20 @@ inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk
                        std::int64_t nk) {
   const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
   const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-  const char* K = static_cast<const char*>(p.k.data) + (b * p.k.s[0] + hk * p.k.s[1]) * ek;
-  const char* V = static_cast<const char*>(p.v.data) + (b * p.v.s[0] + hk * p.v.s[1]) * ev;
+  const char* K = static_cast<const char*>(p.k.data) + hk * p.k.s[1] * ek;
+  const char* V = static_cast<const char*>(p.v.data) + hk * p.v.s[1] * ev;
   for (std::int64_t j = j0; j < j0 + nk; ++j) {
     for (std::int64_t off = 0; off < p.D * ek; off += 64)
-      __builtin_prefetch(K + j * p.k.s[2] * ek + off, 0, 2);
+      __builtin_prefetch(K + p.key_off(p.k.s, b, j) * ek + off, 0, 2);
     for (std::int64_t off = 0; off < p.Dv * ev; off += 64)
-      __builtin_prefetch(V + j * p.v.s[2] * ev + off, 0, 2);
+      __builtin_prefetch(V + p.key_off(p.v.s, b, j) * ev + off, 0, 2);
   }
 }
 
 // The per-key scale of an int8 K or V row (1 for other dtypes, which need none).
-CPUATTN_INLINE float KeyScale(const float* scale, const std::int64_t* s, std::int64_t b,
-                              std::int64_t hk, std::int64_t j) {
-  return scale == nullptr ? 1.0f : scale[b * s[0] + hk * s[1] + j * s[2]];
+CPUATTN_INLINE float KeyScale(const detail::Problem& p, const float* scale, const std::int64_t* s,
+                              std::int64_t b, std::int64_t hk, std::int64_t j) {
+  return scale == nullptr ? 1.0f : scale[p.key_off(s, b, j) + hk * s[1]];
 }
 
 // Packs the V rows of keys [j0, j0 + nk) into column chunks of CW values, zero-padded, converted
@@ -60,17 +60,17 @@ void PackVAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
              std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT vp) {
   constexpr int N = O::kLanes;
   constexpr int CW = Geometry<O>::CW;
-  const T* Vs = static_cast<const T*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1];
+  const T* Vs = static_cast<const T*>(p.v.data) + hk * p.v.s[1];
   for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
     float* dst = vp + c0 * nk;  // chunk c0 holds nk rows of cw values
     const std::int64_t valid = std::max<std::int64_t>(0, std::min(cw, g.Dv - c0));
     for (std::int64_t k = 0; k < nk; ++k) {
-      const T* src = Vs + (j0 + k) * p.v.s[2] + c0;
+      const T* src = Vs + p.key_off(p.v.s, b, j0 + k) + c0;
       float* row = dst + k * cw;
       std::int64_t c = 0;
       if constexpr (std::is_same_v<T, std::int8_t>) {
-        const typename O::V vs = O::Set(KeyScale(p.v_scale, p.v_scale_s, b, hk, j0 + k));
+        const typename O::V vs = O::Set(KeyScale(p, p.v_scale, p.v_scale_s, b, hk, j0 + k));
         for (; c + N <= valid; c += N) O::Store(O::Mul(LoadWide<O>(src + c), vs), row + c);
         if (c < valid) O::Store(O::Mul(LoadWidePartial<O>(src + c, valid - c), vs), row + c);
       } else {
@@ -94,7 +94,7 @@ template <class O, class T>
 void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
              std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp) {
   constexpr int W = Geometry<O>::W;
-  const T* K = static_cast<const T*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1];
+  const T* K = static_cast<const T*>(p.k.data) + hk * p.k.s[1];
   constexpr int N = O::kLanes;
   const std::int64_t panels = (nk + W - 1) / W;
   // K: N x N squares (N keys x N dims) transposed in registers; missing keys are zero rows and
@@ -114,10 +114,10 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
             r[w] = O::Zero();
             continue;
           }
-          const T* src = K + (j0 + w0 + w) * p.k.s[2] + d0;
+          const T* src = K + p.key_off(p.k.s, b, j0 + w0 + w) + d0;
           r[w] = dims == N ? LoadWide<O>(src) : LoadWidePartial<O>(src, dims);
           if constexpr (std::is_same_v<T, std::int8_t>)
-            r[w] = O::Mul(r[w], O::Set(KeyScale(p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
+            r[w] = O::Mul(r[w], O::Set(KeyScale(p, p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
         }
         O::Transpose(r);
         for (std::int64_t d = 0; d < dims; ++d) O::Store(r[d], dst + (d0 + d) * W + part * N);

@@ -214,21 +214,28 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       if (stream) {
         detail::with_elem(p.k.dtype, [&](auto t) {
           using T = decltype(t);
-          const T* K =
-              static_cast<const T*>(p.k.data) + b * p.k.s[0] + hk * p.k.s[1] + kb0 * p.k.s[2];
-          const float* kscale =
-              p.k_scale == nullptr
-                  ? nullptr
-                  : p.k_scale + b * p.k_scale_s[0] + hk * p.k_scale_s[1] + kb0 * p.k_scale_s[2];
-          // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved the
-          // same time from P V into the scores (M2, one row per block: 4% slower overall).
           const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-          const char* vpf = p.v.dtype == DType::f32
-                                ? nullptr
-                                : static_cast<const char*>(p.v.data) +
-                                      (b * p.v.s[0] + hk * p.v.s[1] + kb0 * p.v.s[2]) * ev;
-          DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s, g.Nk,
-                          vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+          // One pass per run of keys that share a page: the whole block without pages.
+          for (std::int64_t j0 = 0; j0 < nk_live;) {
+            const std::int64_t kj = kb0 + j0;
+            const std::int64_t nj = std::min(nk_live - j0, p.page_run(kj));
+            const T* K = static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kj) + hk * p.k.s[1];
+            const float* kscale = p.k_scale == nullptr ? nullptr
+                                                       : p.k_scale + p.key_off(p.k_scale_s, b, kj) +
+                                                             hk * p.k_scale_s[1];
+            // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved
+            // the same time from P V into the scores (M2, one row per block: 4% slower overall).
+            const char* vpf = p.v.dtype == DType::f32
+                                  ? nullptr
+                                  : static_cast<const char*>(p.v.data) +
+                                        (p.key_off(p.v.s, b, kj) + hk * p.v.s[1]) * ev;
+            // K rows are prefetched ahead within the run only (a page's neighbour in memory is
+            // not its successor in the sequence).
+            const std::int64_t valid = std::min(k1 - kj, p.page_run(kj));
+            DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nj, kscale, p.k_scale_s[2], s + j0,
+                            g.Nk, vpf, p.v.s[2] * ev, p.Dv * ev, valid);
+            j0 += nj;
+          }
         });
         clock.lap(Phase::scores);
         // A row with no mask tensor that sees every column needs no pass (decoding's usual case:
@@ -303,26 +310,30 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       if (v_in_place) {
         if (p.v_scale != nullptr) {
           // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
-          const float* vs =
-              p.v_scale + b * p.v_scale_s[0] + hk * p.v_scale_s[1] + kb0 * p.v_scale_s[2];
-          for (int r = 0; r < rows; ++r)
-            for (std::int64_t j = 0; j < nk_live; ++j) s[r * g.Nk + j] *= vs[j * p.v_scale_s[2]];
+          for (std::int64_t j0 = 0; j0 < nk_live;) {
+            const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+            const float* vs = p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hk * p.v_scale_s[1];
+            for (int r = 0; r < rows; ++r)
+              for (std::int64_t j = 0; j < nj; ++j) s[r * g.Nk + j0 + j] *= vs[j * p.v_scale_s[2]];
+            j0 += nj;
+          }
         }
         detail::with_elem(p.v.dtype, [&](auto t) {
           using T = decltype(t);
-          const T* V =
-              static_cast<const T*>(p.v.data) + b * p.v.s[0] + hk * p.v.s[1] + kb0 * p.v.s[2];
           const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
-          for (std::int64_t j0 = 0; j0 < nk_live; j0 += step) {
-            const std::int64_t nj = std::min<std::int64_t>(step, nk_live - j0);
+          for (std::int64_t j0 = 0; j0 < nk_live;) {
+            const std::int64_t nj = std::min({step, nk_live - j0, p.page_run(kb0 + j0)});
+            const T* V =
+                static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) + hk * p.v.s[1];
             for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
               const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
               for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
                 const int R = std::min(O::kPvRows, rows - r0);
-                PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk + j0, g.Nk,
-                             V + j0 * p.v.s[2] + c0, p.v.s[2], nj, acc + r0 * g.DvP + c0, g.DvP);
+                PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk + j0, g.Nk, V + c0,
+                             p.v.s[2], nj, acc + r0 * g.DvP + c0, g.DvP);
               }
             }
+            j0 += nj;
           }
         });
         clock.lap(Phase::pv);
