@@ -332,6 +332,33 @@ CPUATTN_API void reference_attention_varlen(const TensorView& q, const TensorVie
                                             const TensorView& cu_seqlens_k,
                                             const AttentionOptions& opts = {});
 
+// A paged KV cache as attention() reads it in place (vLLM's layout): the keys and values of B
+// sequences stored in pages of P tokens (P a power of two) drawn from one pool,
+//   k_pages [num_pages, Hkv, P, D], v_pages [num_pages, Hkv, P, Dv]: f32, bf16, f16 or i8 (one
+//   dtype) block_table int32 [B, max_pages]: token j of sequence b is row j % P of page
+//   block_table[b, j / P] seq_lens int32 or int64 [B]: sequence b holds tokens [0, seq_lens[b]), at
+//   most max_pages * P k_scales, v_scales: f32 [num_pages, Hkv, P], required exactly when the pages
+//   are i8
+// Only the first ceil(seq_lens[b] / P) entries of a table row are read, and each must be in
+// [0, num_pages); the rest may hold anything (-1, say). Sequences may share pages (a common
+// prefix). PagedKvCache (layers.h) manages such a pool.
+struct PagedKv {
+  TensorView k_pages, v_pages, block_table, seq_lens;
+  std::optional<TensorView> k_scales, v_scales;
+};
+
+// Attention of q [B, H, Lq, D] to the paged cache, out [B, H, Lq, Dv] (lse [B, H, Lq]), reading the
+// pages in place: nothing is gathered into a contiguous buffer. Sequence b has Lk = seq_lens[b]
+// keys, and every option is aligned to it (query i sits at position i + seq_lens[b] - Lq for
+// causal bottom_right, the window and ALiBi): decoding (Lq = 1) and chunked prefill or speculative
+// verification against the cache (Lq > 1, Causal::bottom_right). A sequence of length 0 gives
+// out 0. mask, key_lengths, weights and opts.k_scales / v_scales (use PagedKv's) are errors here.
+CPUATTN_API void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                           const AttentionOptions& opts = {}, Context* context = nullptr);
+// The oracle of paged attention (f32 or f64, as reference_attention).
+CPUATTN_API void reference_attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                                     const AttentionOptions& opts = {});
+
 // The SIMD target the fast path would run on with `context` (or the default context).
 CPUATTN_API Target active_target(const Context* context = nullptr);
 // How a call with bf16 Q, K and V would compute its products: "avx512_bf16" (vdpbf16ps) or

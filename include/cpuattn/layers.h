@@ -106,6 +106,62 @@ class CPUATTN_API KvCache {
   std::unique_ptr<Storage> s_;
 };
 
+// A paged KV cache (vLLM's PagedAttention design): one pool of num_pages pages, each holding
+// page_size tokens (a power of two) of every K/V head, shared by any number of sequences. A
+// sequence is a list of pages, taken one at a time as it grows, so memory is not reserved per
+// sequence up to a maximum length and does not fragment. fork() starts a sequence that shares a
+// prefix of another's pages (a prefix cache: a system prompt stored once); a shared page is copied
+// only when a sequence writes into it (copy-on-write), and a page returns to the pool when the last
+// sequence holding it lets go. Storage: f32, bf16, f16 (rounded to nearest even) or int8 (one f32
+// scale per token of each K/V head, quantize_int8), read in place by attention(q, batch(...)).
+// Not thread-safe: one thread changes a cache at a time (attention calls may read a batch() view
+// concurrently as long as nothing changes the cache meanwhile).
+class CPUATTN_API PagedKvCache {
+ public:
+  PagedKvCache(std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
+               std::int64_t head_dim, std::int64_t value_dim, DType dtype = DType::f32);
+  ~PagedKvCache();
+  PagedKvCache(PagedKvCache&&) noexcept;
+  PagedKvCache& operator=(PagedKvCache&&) noexcept;
+
+  std::int64_t num_pages() const;
+  std::int64_t page_size() const;
+  std::int64_t kv_heads() const;
+  std::int64_t head_dim() const;
+  std::int64_t value_dim() const;
+  DType dtype() const;
+  std::int64_t free_pages() const;  // pages no sequence holds
+
+  // A new empty sequence; returns its id (ids of freed sequences are reused).
+  std::int64_t add_sequence();
+  // A new sequence holding the first `length` tokens of `seq` (all of them by default), sharing
+  // its pages: no page is taken until one of the two writes into a shared, partly filled page.
+  std::int64_t fork(std::int64_t seq, std::optional<std::int64_t> length = std::nullopt);
+  // Appends n tokens to `seq`: k [kv_heads, n, head_dim], v [kv_heads, n, value_dim], f32, bf16
+  // or f16 (strided; last dimension contiguous), converted to the cache's dtype. Takes the pages
+  // it needs (plus one if the last page is shared: copy-on-write). Throws Error and changes
+  // nothing if the pool has too few free pages, or an int8 cache is given a non-finite value.
+  void append(std::int64_t seq, const TensorView& k, const TensorView& v);
+  // Keeps the first `length` tokens of `seq` (<= its length); pages past them are released.
+  void truncate(std::int64_t seq, std::int64_t length);
+  // Releases every page of `seq` and the id.
+  void free(std::int64_t seq);
+  std::int64_t length(std::int64_t seq) const;
+  // The pages of `seq`, in token order (two sequences sharing a prefix show the same ids).
+  std::vector<std::int32_t> pages(std::int64_t seq) const;
+
+  // The pool and the block table of sequences `seqs` (in that order), for attention(q, ...,
+  // out) with q [seqs.size(), H, Lq, D]. The table and lengths live in the cache and stay valid
+  // until the next call to batch() or anything that changes the cache.
+  PagedKv batch(const std::vector<std::int64_t>& seqs);
+
+  struct Storage;
+
+ private:
+  friend class MultiHeadAttention;
+  std::unique_ptr<Storage> s_;
+};
+
 struct MhaConfig {
   std::int64_t d_model = 0;
   std::int64_t heads = 0;
@@ -151,9 +207,20 @@ class CPUATTN_API MultiHeadAttention {
   // change.
   void decode(const TensorView& x, KvCache& cache, const OutputView& out,
               const AttentionOptions& opts = {}, Context* context = nullptr) const;
+  // The same step for sequences `seqs` of a paged cache, x [seqs.size(), n, d_model]: appends
+  // each sequence's n new tokens (taking pages as needed), then attends to its pages in place.
+  // Each sequence keeps its own length. `seqs` must be distinct. On error (among them a pool
+  // without the free pages the step needs) neither out nor the cache changes.
+  void decode(const TensorView& x, PagedKvCache& cache, const std::vector<std::int64_t>& seqs,
+              const OutputView& out, const AttentionOptions& opts = {},
+              Context* context = nullptr) const;
   // A cache shaped for this layer.
   KvCache make_cache(std::int64_t batch, std::int64_t capacity, bool growable = false,
                      DType dtype = DType::f32) const;
+
+  // A paged cache shaped for this layer.
+  PagedKvCache make_paged_cache(std::int64_t num_pages, std::int64_t page_size,
+                                DType dtype = DType::f32) const;
 
   struct Impl;
 

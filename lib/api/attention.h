@@ -17,6 +17,14 @@ void run_attention(const Problem& p, Context& ctx);
 // the fast path as one set of tasks.
 void run_fast_set(const Problem* ps, std::size_t n, Context& ctx);
 
+// Writes the rows of a problem that has no keys (Lk = 0): out 0, lse the sink's (or -inf).
+void write_empty(const Problem& p);
+
+// Validates attention(q, kv, out, opts) over a paged cache without running it (for layers that
+// must check a whole step before they change anything).
+void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                 const AttentionOptions& opts);
+
 // The double-precision reference of one validated problem.
 void run_reference(const Problem& p);
 

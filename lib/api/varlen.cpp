@@ -127,6 +127,8 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
   return packed;
 }
 
+}  // namespace
+
 // Rows with no key: out 0, lse the sink's (or -inf), as every other row with every key masked.
 void write_empty(const Problem& p) {
   for (std::int64_t h = 0; h < p.H; ++h) {
@@ -141,7 +143,6 @@ void write_empty(const Problem& p) {
   }
 }
 
-}  // namespace
 }  // namespace detail
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,

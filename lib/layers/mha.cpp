@@ -11,6 +11,7 @@
 #include "core/dtypes.h"
 #include "core/problem.h"
 #include "cpuattn/layers.h"
+#include "layers/paged_cache.h"
 
 namespace cpuattn {
 
@@ -422,6 +423,12 @@ MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept
 
 const MhaConfig& MultiHeadAttention::config() const { return live(impl_, "config").cfg; }
 
+PagedKvCache MultiHeadAttention::make_paged_cache(std::int64_t num_pages, std::int64_t page_size,
+                                                  DType dtype) const {
+  const MhaConfig& c = live(impl_, "make_paged_cache").cfg;
+  return PagedKvCache(num_pages, page_size, c.kv_heads, c.head_dim, c.value_dim, dtype);
+}
+
 KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity, bool growable,
                                        DType dtype) const {
   const MhaConfig& c = live(impl_, "make_cache").cfg;
@@ -533,6 +540,84 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
                &ctx);
   describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts);
+  scope.finish(ctx);
+}
+
+void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
+                                const std::vector<std::int64_t>& seqs, const OutputView& out,
+                                const AttentionOptions& opts_in, Context* context) const {
+  detail::CallScope scope("mha.decode_paged");
+  const Impl& m = live(impl_, "decode");
+  const MhaConfig& c = m.cfg;
+  check_f32("x", x, 3);
+  const std::int64_t B = x.shape[0], n = x.shape[1];
+  m.check_io("x", x, "out", out, B, n);
+  detail::check_disjoint("out", detail::extent_of("out", out), {{"x", detail::extent_of("x", x)}});
+  PagedKvCache::Storage& s = PagedKvCache::Storage::live(cache.s_, "decode (cache)");
+  if (s.Hkv != c.kv_heads || s.D != c.head_dim || s.Dv != c.value_dim) {
+    fail("paged cache (kv_heads=" + std::to_string(s.Hkv) + ", head_dim=" + std::to_string(s.D) +
+         ", value_dim=" + std::to_string(s.Dv) + ") does not fit this layer (kv_heads=" +
+         std::to_string(c.kv_heads) + ", head_dim=" + std::to_string(c.head_dim) +
+         ", value_dim=" + std::to_string(c.value_dim) + ")");
+  }
+  if (static_cast<std::int64_t>(seqs.size()) != B)
+    fail("decode: x " + shape_str(x) + " has " + std::to_string(B) + " sequences but seqs has " +
+         std::to_string(seqs.size()));
+  std::int64_t need = 0;
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    need += s.pages_needed(s.seq(seqs[b], "decode"), n);
+    for (std::size_t a = 0; a < b; ++a)
+      if (seqs[a] == seqs[b])
+        fail("decode: sequence " + std::to_string(seqs[b]) + " appears twice in seqs (at " +
+             std::to_string(a) + " and " + std::to_string(b) + ")");
+  }
+  if (need > static_cast<std::int64_t>(s.free_list.size()))
+    fail("decode: this step needs " + std::to_string(need) + " free pages but " +
+         std::to_string(s.free_list.size()) + " of " + std::to_string(s.NP) + " are free");
+  if (opts_in.causal == Causal::top_left) {
+    fail(
+        "decode attends new tokens to the whole cache: opts.causal must be none or "
+        "bottom_right, not top_left");
+  }
+  AttentionOptions opts = opts_in;
+  opts.causal = Causal::bottom_right;
+
+  Context& ctx = context != nullptr ? *context : default_context();
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n);
+  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
+  const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
+  // The options against the pool, before anything changes: every sequence as if empty (lengths
+  // do not enter the options' checks; the table and lengths are the cache's own).
+  {
+    PagedKv dry = cache.batch(seqs);
+    std::fill(s.lens.begin(), s.lens.end(), 0);
+    detail::check_paged(q, dry, a, opts);
+  }
+  check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
+
+  m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
+  m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);
+  m.wv.forward(x, f32_view(buf.v, {B, n, c.kv_heads * c.value_dim}), &ctx);
+  // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
+  const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
+    TensorView t = TensorView::contiguous(static_cast<const float*>(base) + b * n * c.kv_heads * d,
+                                          DType::f32, {c.kv_heads, n, d});
+    t.strides = {d, c.kv_heads * d, 1};
+    return t;
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    s.check_input("k (projected from x)", rows(buf.k, b, c.head_dim), s.D);
+    s.check_input("v (projected from x)", rows(buf.v, b, c.value_dim), s.Dv);
+  }
+  for (std::int64_t b = 0; b < B; ++b)
+    s.append_checked(s.seq(seqs[static_cast<std::size_t>(b)], "decode"), rows(buf.k, b, c.head_dim),
+                     rows(buf.v, b, c.value_dim));
+  attention(q, cache.batch(seqs), a, opts, &ctx);
+  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
+               &ctx);
+  describe(scope, "x:" + detail::dims_of(x) + ";paged", c, opts);
   scope.finish(ctx);
 }
 

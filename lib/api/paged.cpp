@@ -1,0 +1,182 @@
+// attention() over a paged KV cache. The call is validated once, with each pool standing in as a
+// [B, Hkv, P, D] view of its first page (dtypes, strides, heads, options), then the pools, block
+// table and lengths are checked in full, and the call is cut into one problem per sequence whose
+// K/V rows the kernels address through the block table (Problem::key_off): no page is copied.
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "api/attention.h"
+#include "api/call_scope.h"
+#include "api/checks.h"
+#include "api/context_impl.h"
+#include "core/problem.h"
+
+namespace cpuattn {
+namespace detail {
+namespace {
+
+template <class T>
+T* advance(T* base, DType dtype, std::int64_t elements) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
+                              elements * static_cast<std::int64_t>(dtype_size(dtype)));
+}
+
+// A pool [num_pages, Hkv, P, d] (or scales [num_pages, Hkv, P]) as the [B, Hkv, P, d] view of its
+// first page that validate() reads.
+TensorView first_page(const TensorView& pool, std::int64_t B) {
+  TensorView t = pool;
+  t.shape[0] = B;
+  t.strides[0] = 0;
+  return t;
+}
+
+struct Paged {
+  std::vector<Problem> run;    // sequences with keys
+  std::vector<Problem> empty;  // sequences of length 0
+};
+
+Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                     const AttentionOptions& opts, bool allow_f64) {
+  if (opts.mask) fail("mask is not supported with a paged KV cache; use causal or a window");
+  if (opts.key_lengths)
+    fail("key_lengths is not supported with a paged KV cache: seq_lens gives each length");
+  if (opts.weights) fail("weights is not supported with a paged KV cache");
+  if (opts.k_scales || opts.v_scales)
+    fail("k_scales / v_scales go in PagedKv (f32 [num_pages, Hkv, P]) with a paged KV cache");
+  check_view("Q", q, 4, 4);
+  check_view("k_pages", kv.k_pages, 4, 4);
+  check_view("v_pages", kv.v_pages, 4, 4);
+  const std::int64_t B = q.shape[0];
+  const std::int64_t num_pages = kv.k_pages.shape[0], P = kv.k_pages.shape[2];
+  if (kv.v_pages.shape[0] != num_pages || kv.v_pages.shape[2] != P)
+    fail("v_pages " + shape_str(kv.v_pages) + " must have the pages of k_pages " +
+         shape_str(kv.k_pages) + " ([num_pages, Hkv, P, d] with the same num_pages and P)");
+  if ((P & (P - 1)) != 0)
+    fail("page size P = " + std::to_string(P) + " (k_pages " + shape_str(kv.k_pages) +
+         ") must be a power of two");
+  AttentionOptions o = opts;
+  for (const auto& [name, sc, dst] : {std::tuple{"k_scales", &kv.k_scales, &o.k_scales},
+                                      std::tuple{"v_scales", &kv.v_scales, &o.v_scales}}) {
+    if (!*sc) continue;
+    check_view(name, **sc, 3, 3);
+    if ((*sc)->shape[0] != num_pages)
+      fail(std::string(name) + " " + shape_str(**sc) +
+           " must be [num_pages, Hkv, P] with num_pages = " + std::to_string(num_pages) +
+           " (k_pages " + shape_str(kv.k_pages) + ")");
+    *dst = first_page(**sc, B);
+  }
+  Problem whole =
+      validate(q, first_page(kv.k_pages, B), first_page(kv.v_pages, B), out, o, allow_f64);
+
+  // The whole pools (and the table and lengths, read while computing) must not overlap an output.
+  const Extent eo = extent_of("out", out);
+  const Extent el = opts.lse ? extent_of("lse", *opts.lse) : Extent{};
+  const auto disjoint = [&](const char* name, const TensorView& t) {
+    const Extent e = extent_of(name, t);
+    check_disjoint("out", eo, {{name, e}});
+    if (opts.lse) check_disjoint("lse", el, {{name, e}});
+  };
+  disjoint("k_pages", kv.k_pages);
+  disjoint("v_pages", kv.v_pages);
+  if (kv.k_scales) disjoint("k_scales", *kv.k_scales);
+  if (kv.v_scales) disjoint("v_scales", *kv.v_scales);
+
+  const TensorView& bt = kv.block_table;
+  check_view("block_table", bt, 2, 2);
+  if (bt.dtype != DType::i32)
+    fail("block_table " + shape_str(bt) + " has dtype " + dtype_name(bt.dtype) +
+         "; expected int32");
+  if (bt.shape[0] != B)
+    fail("block_table has shape " + shape_str(bt) + " but Q has B=" + std::to_string(B) +
+         "; expected [" + std::to_string(B) + ", max_pages]");
+  disjoint("block_table", bt);
+  const TensorView& sl = kv.seq_lens;
+  check_view("seq_lens", sl, 1, 1);
+  if (sl.dtype != DType::i32 && sl.dtype != DType::i64)
+    fail("seq_lens " + shape_str(sl) + " has dtype " + dtype_name(sl.dtype) +
+         "; expected int32 or int64");
+  if (sl.shape[0] != B)
+    fail("seq_lens has shape " + shape_str(sl) + " but Q has B=" + std::to_string(B) +
+         "; expected [" + std::to_string(B) + "]");
+  disjoint("seq_lens", sl);
+
+  const std::int64_t max_pages = bt.shape[1];
+  int shift = 0;
+  while ((std::int64_t{1} << shift) < P) ++shift;
+  const auto* table = static_cast<const std::int32_t*>(bt.data);
+  Paged paged;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t len = sl.dtype == DType::i32
+                                 ? static_cast<const std::int32_t*>(sl.data)[b * sl.strides[0]]
+                                 : static_cast<const std::int64_t*>(sl.data)[b * sl.strides[0]];
+    if (len < 0 || len > max_pages * P)
+      fail("seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+           " is outside [0, max_pages * P] = [0, " + std::to_string(max_pages * P) +
+           "] (block_table " + shape_str(bt) + ", P = " + std::to_string(P) + ")");
+    const std::int32_t* row = table + b * bt.strides[0];
+    for (std::int64_t i = 0; i < (len + P - 1) / P; ++i) {
+      const std::int64_t page = row[i * bt.strides[1]];
+      if (page < 0 || page >= num_pages)
+        fail("block_table[" + std::to_string(b) + ", " + std::to_string(i) +
+             "] = " + std::to_string(page) + " is outside [0, num_pages) = [0, " +
+             std::to_string(num_pages) + ") (seq_lens[" + std::to_string(b) +
+             "] = " + std::to_string(len) + " uses its first " + std::to_string((len + P - 1) / P) +
+             " entries)");
+    }
+    Problem p = whole;
+    p.B = 1;
+    p.Lk = len;
+    p.q.data = advance(whole.q.data, whole.q.dtype, b * whole.q.s[0]);
+    p.out = advance(whole.out, whole.out_dtype, b * whole.out_s[0]);
+    if (whole.lse != nullptr) p.lse = advance(whole.lse, whole.lse_dtype, b * whole.lse_s[0]);
+    // Page to page: the pools' first strides (0 for a pool of one page, as validate() leaves
+    // every dimension of size 1).
+    p.k.s[0] = num_pages > 1 ? kv.k_pages.strides[0] : 0;
+    p.v.s[0] = num_pages > 1 ? kv.v_pages.strides[0] : 0;
+    if (kv.k_scales) p.k_scale_s[0] = num_pages > 1 ? kv.k_scales->strides[0] : 0;
+    if (kv.v_scales) p.v_scale_s[0] = num_pages > 1 ? kv.v_scales->strides[0] : 0;
+    // The table row is contiguous (check_view); a pool of one-token pages has s[2] = 0, unused.
+    p.pages = row;
+    p.pages_s = 0;
+    p.page_shift = shift;
+    (len == 0 ? paged.empty : paged.run).push_back(p);
+  }
+  return paged;
+}
+
+}  // namespace
+
+void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                 const AttentionOptions& opts) {
+  validate_paged(q, kv, out, opts, false);
+}
+
+}  // namespace detail
+
+void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
+               const AttentionOptions& opts, Context* context) {
+  detail::CallScope scope("attention_paged");
+  const detail::Paged paged = detail::validate_paged(q, kv, out, opts, false);
+  Context& ctx = context != nullptr ? *context : default_context();
+  if (scope.active()) {
+    scope.record().shapes = "q:" + detail::dims_of(q) + ";k_pages:" + detail::dims_of(kv.k_pages) +
+                            ";v_pages:" + detail::dims_of(kv.v_pages) +
+                            ";block_table:" + detail::dims_of(kv.block_table);
+  }
+  for (const detail::Problem& p : paged.empty) detail::write_empty(p);
+  detail::run_fast_set(paged.run.data(), paged.run.size(), ctx);
+  scope.finish(ctx);
+}
+
+void reference_attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                         const AttentionOptions& opts) {
+  const detail::Paged paged = detail::validate_paged(q, kv, out, opts, true);
+  for (const detail::Problem& p : paged.empty) detail::write_empty(p);
+  for (const detail::Problem& p : paged.run) detail::run_reference(p);
+}
+
+}  // namespace cpuattn

@@ -1,0 +1,296 @@
+// PagedKvCache: a pool of fixed-size pages shared by sequences, with reference-counted pages for
+// copy-on-write prefix sharing. attention() reads the pool in place through batch()'s block table.
+#include "layers/paged_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/checks.h"
+#include "core/dtypes.h"
+#include "cpuattn/layers.h"
+
+namespace cpuattn {
+
+using detail::fail;
+using detail::shape_str;
+
+namespace {
+// Pool sizes are checked so that no element offset overflows and the pool stays addressable.
+constexpr std::int64_t kMaxPoolFloats = std::int64_t{1} << 40;
+}  // namespace
+
+PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
+                               std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
+                               DType dt)
+    : NP(num_pages), P(page_size), Hkv(kv_heads), D(head_dim), Dv(value_dim), dtype(dt) {
+  if (NP < 1 || NP > std::numeric_limits<std::int32_t>::max())
+    fail("PagedKvCache: num_pages = " + std::to_string(NP) + " must be in [1, 2^31 - 1]");
+  if (P < 1 || (P & (P - 1)) != 0)
+    fail("PagedKvCache: page_size = " + std::to_string(P) + " must be a power of two");
+  if (Hkv < 1 || D < 1 || Dv < 1)
+    fail("PagedKvCache: kv_heads = " + std::to_string(Hkv) + ", head_dim = " + std::to_string(D) +
+         ", value_dim = " + std::to_string(Dv) + " must all be >= 1");
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8)
+    fail(std::string("PagedKvCache: dtype ") + dtype_name(dtype) +
+         " is not a cache dtype (float32, bfloat16, float16 or int8)");
+  const std::int64_t width = std::max(D, Dv);
+  if (P > kMaxPoolFloats / Hkv / width || NP > kMaxPoolFloats / (P * Hkv * width))
+    fail("PagedKvCache: " + std::to_string(NP) + " pages of " + std::to_string(P) + " tokens x " +
+         std::to_string(Hkv) + " heads x " + std::to_string(width) +
+         " exceed the largest pool (2^40 elements)");
+  const auto e = static_cast<std::int64_t>(dtype_size(dtype));
+  k.resize(static_cast<std::size_t>(NP * Hkv * P * D * e));
+  v.resize(static_cast<std::size_t>(NP * Hkv * P * Dv * e));
+  if (dtype == DType::i8) {
+    k_scale.resize(static_cast<std::size_t>(NP * Hkv * P));
+    v_scale.resize(k_scale.size());
+  }
+  refs.assign(static_cast<std::size_t>(NP), 0);
+  for (std::int64_t i = NP - 1; i >= 0; --i) free_list.push_back(static_cast<std::int32_t>(i));
+}
+
+PagedKvCache::Storage::Seq& PagedKvCache::Storage::seq(std::int64_t id, const char* what) {
+  if (id < 0 || id >= static_cast<std::int64_t>(seqs.size()) ||
+      !seqs[static_cast<std::size_t>(id)].live)
+    fail(std::string("PagedKvCache::") + what + ": no sequence " + std::to_string(id));
+  return seqs[static_cast<std::size_t>(id)];
+}
+
+std::int64_t PagedKvCache::Storage::pages_needed(const Seq& s, std::int64_t n) const {
+  const std::int64_t have = static_cast<std::int64_t>(s.pages.size());
+  std::int64_t need = (s.length + n + P - 1) / P - have;
+  // Writing into a shared, partly filled last page copies it first.
+  if (n > 0 && s.length % P != 0 && refs[static_cast<std::size_t>(s.pages.back())] > 1) ++need;
+  return need;
+}
+
+std::int32_t PagedKvCache::Storage::take_page() {
+  const std::int32_t page = free_list.back();
+  free_list.pop_back();
+  refs[static_cast<std::size_t>(page)] = 1;
+  return page;
+}
+
+void PagedKvCache::Storage::release(std::int32_t page) {
+  if (--refs[static_cast<std::size_t>(page)] == 0) free_list.push_back(page);
+}
+
+void PagedKvCache::Storage::check_input(const char* name, const TensorView& t,
+                                        std::int64_t width) const {
+  detail::check_view(name, t, 3, 3);
+  if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+    fail(std::string("PagedKvCache::append: ") + name + " " + shape_str(t) + " has dtype " +
+         dtype_name(t.dtype) + "; expected float32, bfloat16 or float16");
+  if (t.shape[0] != Hkv || t.shape[2] != width)
+    fail(std::string("PagedKvCache::append: ") + name + " " + shape_str(t) + " must be [" +
+         std::to_string(Hkv) + ", n, " + std::to_string(width) + "] (kv_heads, tokens, " +
+         (width == D && name[0] == 'k' ? "head_dim" : "value_dim") + ")");
+  if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    fail(std::string("PagedKvCache::append: ") + name + ": data is not aligned to its elements");
+  const detail::Extent e = detail::extent_of(name, t);
+  const auto pool = [](const std::vector<std::uint8_t>& b) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(b.data());
+    return detail::Extent{lo, lo + b.size()};
+  };
+  detail::check_disjoint("the cache's pool", pool(k), {{name, e}});
+  detail::check_disjoint("the cache's pool", pool(v), {{name, e}});
+  if (dtype != DType::i8) return;
+  for (std::int64_t h = 0; h < Hkv; ++h)
+    for (std::int64_t l = 0; l < t.shape[1]; ++l)
+      for (std::int64_t d = 0; d < width; ++d) {
+        const float x =
+            detail::load_as_float(t.data, t.dtype, h * t.strides[0] + l * t.strides[1] + d);
+        if (!std::isfinite(x))
+          fail(std::string("PagedKvCache::append: ") + name + "[" + std::to_string(h) + "," +
+               std::to_string(l) + "," + std::to_string(d) + "] is " + std::to_string(x) +
+               ", which an int8 cache cannot hold");
+      }
+}
+
+void PagedKvCache::Storage::copy_page(std::int32_t from, std::int32_t to) {
+  const auto e = static_cast<std::int64_t>(dtype_size(dtype));
+  const auto page_bytes = [&](std::int64_t width) { return Hkv * P * width * e; };
+  std::memcpy(k.data() + to * page_bytes(D), k.data() + from * page_bytes(D),
+              static_cast<std::size_t>(page_bytes(D)));
+  std::memcpy(v.data() + to * page_bytes(Dv), v.data() + from * page_bytes(Dv),
+              static_cast<std::size_t>(page_bytes(Dv)));
+  if (dtype == DType::i8) {
+    std::copy_n(k_scale.begin() + from * Hkv * P, Hkv * P, k_scale.begin() + to * Hkv * P);
+    std::copy_n(v_scale.begin() + from * Hkv * P, Hkv * P, v_scale.begin() + to * Hkv * P);
+  }
+}
+
+void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const TensorView& t,
+                                       std::vector<std::uint8_t>& pool, std::vector<float>& scale,
+                                       std::int64_t width) {
+  const auto e = static_cast<std::int64_t>(dtype_size(dtype));
+  std::vector<float> row(t.dtype == dtype ? 0 : static_cast<std::size_t>(width));
+  for (std::int64_t l = 0; l < t.shape[1]; ++l) {
+    const std::int64_t tok = first + l;
+    const std::int64_t page = s.pages[static_cast<std::size_t>(tok / P)];
+    for (std::int64_t h = 0; h < Hkv; ++h) {
+      const std::int64_t src = h * t.strides[0] + l * t.strides[1];
+      const std::int64_t slot = (page * Hkv + h) * P + tok % P;
+      std::uint8_t* out = pool.data() + slot * width * e;
+      if (t.dtype == dtype) {
+        std::memcpy(out, static_cast<const std::uint8_t*>(t.data) + src * e,
+                    static_cast<std::size_t>(width * e));
+        continue;
+      }
+      for (std::int64_t d = 0; d < width; ++d)
+        row[static_cast<std::size_t>(d)] = detail::load_as_float(t.data, t.dtype, src + d);
+      if (dtype == DType::i8) {
+        scale[static_cast<std::size_t>(slot)] =
+            quantize_int8(row.data(), width, reinterpret_cast<std::int8_t*>(out));
+      } else {
+        for (std::int64_t d = 0; d < width; ++d)
+          detail::store_float(out, dtype, d, row[static_cast<std::size_t>(d)]);
+      }
+    }
+  }
+}
+
+void PagedKvCache::Storage::append_checked(Seq& s, const TensorView& kt, const TensorView& vt) {
+  const std::int64_t n = kt.shape[1];
+  if (s.length % P != 0 && refs[static_cast<std::size_t>(s.pages.back())] > 1) {
+    const std::int32_t copy = take_page();
+    copy_page(s.pages.back(), copy);
+    release(s.pages.back());
+    s.pages.back() = copy;
+  }
+  while (static_cast<std::int64_t>(s.pages.size()) * P < s.length + n)
+    s.pages.push_back(take_page());
+  store_rows(s, s.length, kt, k, k_scale, D);
+  store_rows(s, s.length, vt, v, v_scale, Dv);
+  s.length += n;
+}
+
+PagedKvCache::PagedKvCache(std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
+                           std::int64_t head_dim, std::int64_t value_dim, DType dtype)
+    : s_(std::make_unique<Storage>(num_pages, page_size, kv_heads, head_dim, value_dim, dtype)) {}
+PagedKvCache::~PagedKvCache() = default;
+PagedKvCache::PagedKvCache(PagedKvCache&&) noexcept = default;
+PagedKvCache& PagedKvCache::operator=(PagedKvCache&&) noexcept = default;
+
+PagedKvCache::Storage& PagedKvCache::Storage::live(const std::unique_ptr<Storage>& s,
+                                                   const char* what) {
+  if (!s) fail(std::string("PagedKvCache::") + what + ": the cache was moved from");
+  return *s;
+}
+
+std::int64_t PagedKvCache::num_pages() const { return Storage::live(s_, "num_pages").NP; }
+std::int64_t PagedKvCache::page_size() const { return Storage::live(s_, "page_size").P; }
+std::int64_t PagedKvCache::kv_heads() const { return Storage::live(s_, "kv_heads").Hkv; }
+std::int64_t PagedKvCache::head_dim() const { return Storage::live(s_, "head_dim").D; }
+std::int64_t PagedKvCache::value_dim() const { return Storage::live(s_, "value_dim").Dv; }
+DType PagedKvCache::dtype() const { return Storage::live(s_, "dtype").dtype; }
+std::int64_t PagedKvCache::free_pages() const {
+  return static_cast<std::int64_t>(Storage::live(s_, "free_pages").free_list.size());
+}
+
+std::int64_t PagedKvCache::add_sequence() {
+  Storage& st = Storage::live(s_, "add_sequence");
+  for (std::size_t i = 0; i < st.seqs.size(); ++i) {
+    if (!st.seqs[i].live) {
+      st.seqs[i] = Storage::Seq{{}, 0, true};
+      return static_cast<std::int64_t>(i);
+    }
+  }
+  st.seqs.push_back(Storage::Seq{{}, 0, true});
+  return static_cast<std::int64_t>(st.seqs.size()) - 1;
+}
+
+std::int64_t PagedKvCache::fork(std::int64_t seq, std::optional<std::int64_t> length) {
+  Storage& st = Storage::live(s_, "fork");
+  const Storage::Seq& from = st.seq(seq, "fork");
+  const std::int64_t len = length.value_or(from.length);
+  if (len < 0 || len > from.length)
+    fail("PagedKvCache::fork: length " + std::to_string(len) + " is outside [0, " +
+         std::to_string(from.length) + "] (sequence " + std::to_string(seq) + ")");
+  const std::vector<std::int32_t> shared(from.pages.begin(),
+                                         from.pages.begin() + (len + st.P - 1) / st.P);
+  const std::int64_t id = add_sequence();  // may reallocate st.seqs: `from` is not used after it
+  for (const std::int32_t page : shared) ++st.refs[static_cast<std::size_t>(page)];
+  st.seqs[static_cast<std::size_t>(id)].pages = shared;
+  st.seqs[static_cast<std::size_t>(id)].length = len;
+  return id;
+}
+
+void PagedKvCache::append(std::int64_t seq, const TensorView& k, const TensorView& v) {
+  Storage& st = Storage::live(s_, "append");
+  Storage::Seq& s = st.seq(seq, "append");
+  st.check_input("k", k, st.D);
+  st.check_input("v", v, st.Dv);
+  if (v.shape[1] != k.shape[1])
+    fail("PagedKvCache::append: k " + shape_str(k) + " and v " + shape_str(v) +
+         " must hold the same number of tokens");
+  const std::int64_t need = st.pages_needed(s, k.shape[1]);
+  if (need > static_cast<std::int64_t>(st.free_list.size()))
+    fail("PagedKvCache::append: sequence " + std::to_string(seq) + " (" + std::to_string(s.length) +
+         " tokens) needs " + std::to_string(need) + " more pages for " +
+         std::to_string(k.shape[1]) + " tokens but " + std::to_string(st.free_list.size()) +
+         " of " + std::to_string(st.NP) + " are free");
+  st.append_checked(s, k, v);
+}
+
+void PagedKvCache::truncate(std::int64_t seq, std::int64_t length) {
+  Storage& st = Storage::live(s_, "truncate");
+  Storage::Seq& s = st.seq(seq, "truncate");
+  if (length < 0 || length > s.length)
+    fail("PagedKvCache::truncate: length " + std::to_string(length) + " is outside [0, " +
+         std::to_string(s.length) + "] (sequence " + std::to_string(seq) + ")");
+  const auto keep = static_cast<std::size_t>((length + st.P - 1) / st.P);
+  for (std::size_t i = keep; i < s.pages.size(); ++i) st.release(s.pages[i]);
+  s.pages.resize(keep);
+  s.length = length;
+}
+
+void PagedKvCache::free(std::int64_t seq) {
+  Storage& st = Storage::live(s_, "free");
+  Storage::Seq& s = st.seq(seq, "free");
+  for (const std::int32_t page : s.pages) st.release(page);
+  s = Storage::Seq{};
+}
+
+std::int64_t PagedKvCache::length(std::int64_t seq) const {
+  return Storage::live(s_, "length").seq(seq, "length").length;
+}
+
+std::vector<std::int32_t> PagedKvCache::pages(std::int64_t seq) const {
+  return Storage::live(s_, "pages").seq(seq, "pages").pages;
+}
+
+PagedKv PagedKvCache::batch(const std::vector<std::int64_t>& seqs) {
+  Storage& st = Storage::live(s_, "batch");
+  if (seqs.empty()) fail("PagedKvCache::batch: no sequences given");
+  std::int64_t max_pages = 1;
+  for (const std::int64_t id : seqs)
+    max_pages = std::max<std::int64_t>(max_pages, st.seq(id, "batch").pages.size());
+  const auto B = static_cast<std::int64_t>(seqs.size());
+  st.table.assign(static_cast<std::size_t>(B * max_pages), -1);
+  st.lens.resize(seqs.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    const Storage::Seq& s = st.seqs[static_cast<std::size_t>(seqs[static_cast<std::size_t>(b)])];
+    std::copy(s.pages.begin(), s.pages.end(), st.table.begin() + b * max_pages);
+    st.lens[static_cast<std::size_t>(b)] = s.length;
+  }
+  PagedKv kv;
+  kv.k_pages = TensorView::contiguous(st.k.data(), st.dtype, {st.NP, st.Hkv, st.P, st.D});
+  kv.v_pages = TensorView::contiguous(st.v.data(), st.dtype, {st.NP, st.Hkv, st.P, st.Dv});
+  kv.block_table = TensorView::contiguous(st.table.data(), DType::i32, {B, max_pages});
+  kv.seq_lens = TensorView::contiguous(st.lens.data(), DType::i64, {B});
+  if (st.dtype == DType::i8) {
+    kv.k_scales = f32_view(st.k_scale.data(), {st.NP, st.Hkv, st.P});
+    kv.v_scales = f32_view(st.v_scale.data(), {st.NP, st.Hkv, st.P});
+  }
+  return kv;
+}
+
+}  // namespace cpuattn
