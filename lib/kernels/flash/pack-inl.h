@@ -40,10 +40,10 @@ inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk
   const char* K = static_cast<const char*>(p.k.data) + hk * p.k.s[1] * ek;
   const char* V = static_cast<const char*>(p.v.data) + hk * p.v.s[1] * ev;
   for (std::int64_t j = j0; j < j0 + nk; ++j) {
-    for (std::int64_t off = 0; off < p.D * ek; off += 64)
-      __builtin_prefetch(K + p.key_off(p.k.s, b, j) * ek + off, 0, 2);
-    for (std::int64_t off = 0; off < p.Dv * ev; off += 64)
-      __builtin_prefetch(V + p.key_off(p.v.s, b, j) * ev + off, 0, 2);
+    const char* krow = K + p.key_off(p.k.s, b, j) * ek;
+    const char* vrow = V + p.key_off(p.v.s, b, j) * ev;
+    for (std::int64_t off = 0; off < p.D * ek; off += 64) __builtin_prefetch(krow + off, 0, 2);
+    for (std::int64_t off = 0; off < p.Dv * ev; off += 64) __builtin_prefetch(vrow + off, 0, 2);
   }
 }
 
@@ -104,6 +104,8 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
     for (int part = 0; part < O::kScoreCols; ++part) {
       const std::int64_t w0 = pi * W + part * N;  // first key of this square, within the block
       const std::int64_t keys = std::clamp<std::int64_t>(nk - w0, 0, N);
+      const T* rows[N];
+      for (int w = 0; w < keys; ++w) rows[w] = K + p.key_off(p.k.s, b, j0 + w0 + w);
       for (std::int64_t d0 = 0; d0 < g.D; d0 += N) {
         const std::int64_t dims = std::min<std::int64_t>(N, g.D - d0);
         typename O::V r[N];
@@ -114,7 +116,7 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
             r[w] = O::Zero();
             continue;
           }
-          const T* src = K + p.key_off(p.k.s, b, j0 + w0 + w) + d0;
+          const T* src = rows[w] + d0;
           r[w] = dims == N ? LoadWide<O>(src) : LoadWidePartial<O>(src, dims);
           if constexpr (std::is_same_v<T, std::int8_t>)
             r[w] = O::Mul(r[w], O::Set(KeyScale(p, p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
