@@ -2,9 +2,12 @@
 // shapes (bench/support/shapes.h) and the layer cases, each with its inputs made once.
 #include "cases.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -70,7 +73,7 @@ Shape parse_shape(const std::string& text, bool causal) {
       v.push_back(x);
     } catch (const std::exception&) {
       throw std::invalid_argument("--shape '" + text +
-                                  "': expected a name (S1,P1,P2,X1,D1,D2,W1,V1,L1,M1,M2) or "
+                                  "': expected a name (S1,P1,P2,X1,D1,D2,W1,V1,G1,L1,M1,M2) or "
                                   "B,H,Lq,Lk,D[,Hkv[,Dv]] of positive integers");
     }
   }
@@ -310,8 +313,66 @@ std::optional<Case> packed_case(const std::string& name) {
   return c;
 }
 
+// G1: D2's decode step (B8 H32 Hkv8 Lk16384 D128, K/V far larger than the caches) read from a
+// paged KV cache, pages of 16 tokens (G1) or 128 (G1p128) dealt to the sequences in a shuffled
+// order (a pool after many requests came and went); G1c is the same step from contiguous K/V,
+// the baseline. The cache is stored as `kv_dtype`; bytes count K/V at their storage size.
+std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
+  if (name != "G1" && name != "G1p128" && name != "G1c") return std::nullopt;
+  constexpr std::int64_t kB = 8, kH = 32, kHkv = 8, kL = 16384, kD = 128;
+  const std::int64_t P = name == "G1p128" ? 128 : 16;
+  const std::int64_t pages = kB * kL / P;
+  struct Data {
+    AlignedFloats q, out;
+    StoredTensor k, v;
+    std::vector<std::int32_t> table;
+    std::vector<std::int64_t> lens;
+  };
+  auto d = std::make_shared<Data>(Data{filled(kB * kH * kD, 1), AlignedFloats(kB * kH * kD),
+                                       StoredTensor(filled(kB * kHkv * kL * kD, 2), kv_dtype, kD),
+                                       StoredTensor(filled(kB * kHkv * kL * kD, 3), kv_dtype, kD),
+                                       std::vector<std::int32_t>(static_cast<std::size_t>(pages)),
+                                       std::vector<std::int64_t>(kB, kL)});
+  std::iota(d->table.begin(), d->table.end(), 0);
+  std::shuffle(d->table.begin(), d->table.end(), std::mt19937(2026));
+  const double kv_bytes =
+      double(kB) * kHkv * kL * (2.0 * kD * dtype_size(kv_dtype) + (kv_dtype == DType::i8 ? 8 : 0));
+  const std::string dims =
+      "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
+      (name == "G1c" ? std::string("contiguous") : "pages of " + std::to_string(P) + ", shuffled");
+  Case c{name, dims, 4.0 * kD * kH * kB * kL, kv_bytes, true, {}};
+  const TensorView q = f32_view(d->q.data(), {kB, kH, 1, kD});
+  const OutputView out = f32_view(d->out.data(), {kB, kH, 1, kD});
+  if (name == "G1c") {
+    c.run = [d, q, out, kv_dtype](Context& ctx) {
+      AttentionOptions o;
+      if (kv_dtype == DType::i8) {
+        o.k_scales = f32_view(d->k.scales.data(), {kB, kHkv, kL});
+        o.v_scales = f32_view(d->v.scales.data(), {kB, kHkv, kL});
+      }
+      attention(q, TensorView::contiguous(d->k.data(), kv_dtype, {kB, kHkv, kL, kD}),
+                TensorView::contiguous(d->v.data(), kv_dtype, {kB, kHkv, kL, kD}), out, o, &ctx);
+    };
+  } else {
+    c.run = [d, q, out, kv_dtype, P, pages](Context& ctx) {
+      PagedKv kv;
+      kv.k_pages = TensorView::contiguous(d->k.data(), kv_dtype, {pages, kHkv, P, kD});
+      kv.v_pages = TensorView::contiguous(d->v.data(), kv_dtype, {pages, kHkv, P, kD});
+      kv.block_table = TensorView::contiguous(d->table.data(), DType::i32, {kB, kL / P});
+      kv.seq_lens = TensorView::contiguous(d->lens.data(), DType::i64, {kB});
+      if (kv_dtype == DType::i8) {
+        kv.k_scales = f32_view(d->k.scales.data(), {pages, kHkv, P});
+        kv.v_scales = f32_view(d->v.scales.data(), {pages, kHkv, P});
+      }
+      attention(q, kv, out, {}, &ctx);
+    };
+  }
+  return c;
+}
+
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType weights) {
   if (auto pc = packed_case(name)) return pc;
+  if (auto gc = paged_case(name, kv_dtype)) return gc;
   if (name == "L1") {  // x [4096, 768] times [Wq | Wk | Wv] [768, 2304]
     const std::int64_t M = 8 * 512, K = kDm, N = 3 * kDm;
     auto x = std::make_shared<std::vector<float>>(M * K);

@@ -237,7 +237,7 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     }
   }
   const bool threads_sweep = o.sweep == "threads";
-  std::printf("\n%-5s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target",
+  std::printf("\n%-6s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target",
               "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
   if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
   std::printf("\n");
@@ -245,11 +245,12 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     const std::string name = r["shape"].get<std::string>();
     std::string dt = r["dtype"].get<std::string>();
     if (r["kv_dtype"] != r["dtype"]) dt += "/" + r["kv_dtype"].get<std::string>();
-    std::printf("%-5s %-34s %-11s %-7s %-9s %7d %10.3f %9.1f %6.1f%% %8.1f",
-                name.size() > 5 ? "-" : name.c_str(), r["dims"].get<std::string>().c_str(),
-                r["target"].get<std::string>().c_str(), r["simd"].get<std::string>().c_str(),
-                dt.c_str(), r["threads"].get<int>(), r["median_ms"].get<double>(),
-                r["gflops"].get<double>(), r["pct_peak"].get<double>(), r["gbps"].get<double>());
+    std::printf("%-6s %-34s %-11s %-7s %-9s %7d %10.3f %9.1f %6.1f%% %8.1f",
+                name.find(',') != std::string::npos ? "-" : name.c_str(),
+                r["dims"].get<std::string>().c_str(), r["target"].get<std::string>().c_str(),
+                r["simd"].get<std::string>().c_str(), dt.c_str(), r["threads"].get<int>(),
+                r["median_ms"].get<double>(), r["gflops"].get<double>(),
+                r["pct_peak"].get<double>(), r["gbps"].get<double>());
     if (r.contains("pct_bw")) {
       std::printf(" %5.1f%%", r["pct_bw"].get<double>());
     } else {
@@ -464,7 +465,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "W1 B1 H16 L32768 D64 causal with a 4096-token sliding window (not in the default list:\n"
       "GFLOP/s count attended pairs only, so compare it with P1's); V1 32 requests of 16..512\n"
       "tokens H12 D64 packed (attention_varlen), V1pad the same padded to 512 with key lengths,\n"
-      "V1seq one call per request (all count the packed FLOPs; not in the default list).\n"
+      "V1seq one call per request (all count the packed FLOPs; not in the default list); G1 D2\n"
+      "from a paged KV cache, shuffled pages of 16 tokens, G1p128 pages of 128, G1c the same step\n"
+      "from contiguous K/V (not in the default list; --kv-dtype applies).\n"
       "Layers: L1 Linear 4096x768 -> 2304 (a fused QKV projection); M1 multi-head attention layer\n"
       "B8 L512 d_model768 H12; M2 its decode step, B8, one new token against 4096 cached ones\n"
       "(GB/s counts weights + KV cache read).\n"

@@ -7,7 +7,9 @@
 #define CPUATTN_KERNELS_FLASH_DECODE_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtypes.h"
 #include "simd/target_namespace.h"
@@ -15,6 +17,63 @@
 #include "simd/x86-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
+
+#if CPUATTN_SIMD_BITS == 512
+// R rows' dot products with four keys (rows k[0..3] of D elements), one 128-bit vector per row
+// whose lane g is key g: R x 4 accumulators (<= 24 of the 32 registers, plus 4 K vectors), and
+// one 4-way reduction per row instead of four (measured: the per-key reductions made the score
+// loop compute-bound at 50-70 cycles per key, twice the memory time of int8 K).
+template <class O, int R, class T>
+CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                         const T* const (&k)[4], __m128 (&sum)[R]) {
+  constexpr int N = O::kLanes;
+  const std::int64_t dv = D / N * N;
+  typename O::V acc[R][4];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
+  }
+  if constexpr (sizeof(T) == 1) {
+    // int8: the four rows are four short runs (128 bytes at D = 128), so reading them d by d
+    // still moves through memory in order, and each Q vector load serves four keys.
+    for (std::int64_t d = 0; d < dv; d += N) {
+      typename O::V kv[4];
+      CPUATTN_UNROLL(4)
+      for (int g = 0; g < 4; ++g) kv[g] = LoadWide<O>(k[g] + d);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        const typename O::V qv = O::Load(qd + r * dp + d);
+        CPUATTN_UNROLL(4)
+        for (int g = 0; g < 4; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+      }
+    }
+  } else {
+    // Key after key, each row front to back: the addresses ascend as in a plain stream, which
+    // the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on D2 with
+    // f32 and bf16 K, from DRAM; with int8 K it gained nothing).
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < 4; ++g) {
+      for (std::int64_t d = 0; d < dv; d += N) {
+        const typename O::V kv = LoadWide<O>(k[g] + d);
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) acc[r][g] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r][g]);
+      }
+    }
+  }
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    sum[r] = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
+                             O::ToRaw(acc[r][3]));
+    if (dv < D) {
+      alignas(16) float tail[4] = {};
+      for (int g = 0; g < 4; ++g)
+        for (std::int64_t d = dv; d < D; ++d) tail[g] += qd[r * dp + d] * detail::to_float(k[g][d]);
+      sum[r] = _mm_add_ps(sum[r], _mm_load_ps(tail));
+    }
+  }
+}
+#endif
 
 // Streaming scores for a few query rows (decode): S[r][j] = Qd[r] . K[j] with K read in place,
 // row after row, so the stream runs at memory speed and nothing is packed. One K vector load
@@ -33,46 +92,11 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
   const std::int64_t dv = D / N * N;
   std::int64_t j = 0;
 #if CPUATTN_SIMD_BITS == 512
-  // Four keys at a time: R x 4 accumulators (<= 24 of the 32 registers, plus 4 K vectors), and
-  // one 4-way reduction per row instead of four (measured: the per-key reductions made the
-  // score loop compute-bound at 50-70 cycles per key, twice the memory time of int8 K).
   if constexpr (R <= 6) {
     for (; j + 4 <= nk; j += 4) {
-      typename O::V acc[R][4];
-      CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) {
-        CPUATTN_UNROLL(4)
-        for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
-      }
-      if constexpr (sizeof(T) == 1) {
-        // int8: the four rows are four adjacent 128-byte runs (D = 128), so reading them d by d
-        // still ascends through memory, and each Q vector load serves four keys.
-        for (std::int64_t d = 0; d < dv; d += N) {
-          typename O::V kv[4];
-          CPUATTN_UNROLL(4)
-          for (int g = 0; g < 4; ++g) kv[g] = LoadWide<O>(k + (j + g) * ks + d);
-          CPUATTN_UNROLL(16)
-          for (int r = 0; r < R; ++r) {
-            const typename O::V qv = O::Load(qd + r * dp + d);
-            CPUATTN_UNROLL(4)
-            for (int g = 0; g < 4; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
-          }
-        }
-      } else {
-        // Key after key, each row front to back: the addresses ascend as in a plain stream,
-        // which the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on
-        // D2 with f32 and bf16 K, from DRAM; with int8 K it gained nothing).
-        CPUATTN_UNROLL(4)
-        for (int g = 0; g < 4; ++g) {
-          const T* krow = k + (j + g) * ks;
-          for (std::int64_t d = 0; d < dv; d += N) {
-            const typename O::V kv = LoadWide<O>(krow + d);
-            CPUATTN_UNROLL(16)
-            for (int r = 0; r < R; ++r)
-              acc[r][g] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r][g]);
-          }
-        }
-      }
+      const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
+      __m128 sum[R];
+      Dot4<O, R, T>(qd, dp, D, k4, sum);
       // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
       // block's scores, and a second stream in flight beside K's nearly doubles what one core
       // pulls from DRAM (D2 with bf16 K/V, 1 thread: 33 -> 26.5 ms; prefetching whole blocks
@@ -96,20 +120,8 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
                             : _mm_setr_ps(kscale[j * kss], kscale[(j + 1) * kss],
                                           kscale[(j + 2) * kss], kscale[(j + 3) * kss]);
       CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) {
-        __m128 sum = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
-                                     O::ToRaw(acc[r][3]));
-        if (dv < D) {
-          alignas(16) float tail[4] = {};
-          for (int g = 0; g < 4; ++g) {
-            const T* krow = k + (j + g) * ks;
-            for (std::int64_t d = dv; d < D; ++d)
-              tail[g] += qd[r * dp + d] * detail::to_float(krow[d]);
-          }
-          sum = _mm_add_ps(sum, _mm_load_ps(tail));
-        }
-        _mm_storeu_ps(s + r * s_stride + j, kscale == nullptr ? sum : _mm_mul_ps(sum, sc));
-      }
+      for (int r = 0; r < R; ++r)
+        _mm_storeu_ps(s + r * s_stride + j, kscale == nullptr ? sum[r] : _mm_mul_ps(sum[r], sc));
     }
   }
 #endif
@@ -153,6 +165,104 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
     CPUATTN_DOT_CASE(7)
     CPUATTN_DOT_CASE(8)
 #undef CPUATTN_DOT_CASE
+    default:
+      break;
+  }
+}
+
+// One page's run of keys for the streaming scores of a paged cache: K rows k + t * ks for t in
+// [0, n) (int8 scales kscale[t * kss]), their V rows v + t * v_stride (bytes), and their scores
+// at s + s_off + t of each row; `valid` keys from k on exist in its page (for prefetches).
+template <class T>
+struct KeyRun {
+  const T* k;
+  const float* kscale;
+  const char* v;
+  std::int64_t s_off, n, valid;
+};
+
+// DotScores over runs of keys that lie in different pages (or quarter blocks of contiguous K).
+// Runs are read in lock-step, row t of each at step t: a run is short (one head's 8 KiB of a
+// 16-token page at D = 128, f32) and starts where the hardware prefetcher has no stream yet, so
+// runs read one after another went at 8 GB/s on Zen 4 where four interleaved went at 15-17 and
+// eight at 16-20 (a page-shaped read test, beside 28 for one long stream). Their V rows are
+// prefetched as their K rows are read, into L2 (prefetcht2: 17 GB/s in that test, 15 with
+// prefetcht0), for the P V that follows, and so are the K rows of the `nahead` runs after them
+// (the next block's). Runs past the last whole four, and keys past the shortest run, go one run
+// at a time.
+template <class O, int R, class T>
+void DotScoresRunsR(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* runs,
+                    int nruns, int nahead, std::int64_t ks, std::int64_t kss, float* s,
+                    std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes) {
+  int i = 0;
+#if CPUATTN_SIMD_BITS == 512
+  if constexpr (R <= 6) {
+    const int whole = nruns / 4 * 4;
+    std::int64_t common = whole > 0 ? runs[0].n : 0;
+    for (int q = 1; q < whole; ++q) common = std::min(common, runs[q].n);
+    const auto kbytes = D * static_cast<std::int64_t>(sizeof(T));
+    for (std::int64_t t = 0; t < common; ++t) {
+      for (int q = 0; q < whole; q += 4) {
+        const KeyRun<T>* g4 = runs + q;
+        const T* const k4[4] = {g4[0].k + t * ks, g4[1].k + t * ks, g4[2].k + t * ks,
+                                g4[3].k + t * ks};
+        __m128 sum[R];
+        Dot4<O, R, T>(qd, dp, D, k4, sum);
+        for (int g = 0; g < 4; ++g)
+          for (std::int64_t off = 0; off < v_bytes; off += 64)
+            __builtin_prefetch(g4[g].v + t * v_stride + off, 0, 1);
+        const __m128 sc = g4[0].kscale == nullptr
+                              ? _mm_set1_ps(1.0f)
+                              : _mm_setr_ps(g4[0].kscale[t * kss], g4[1].kscale[t * kss],
+                                            g4[2].kscale[t * kss], g4[3].kscale[t * kss]);
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) {
+          alignas(16) float out[4];
+          _mm_store_ps(out, g4[0].kscale == nullptr ? sum[r] : _mm_mul_ps(sum[r], sc));
+          for (int g = 0; g < 4; ++g) s[r * s_stride + g4[g].s_off + t] = out[g];
+        }
+      }
+      for (int g = whole; g < nruns + nahead; ++g)
+        if (t < runs[g].n)
+          for (std::int64_t off = 0; off < kbytes; off += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(runs[g].k + t * ks) + off, 0, 1);
+    }
+    for (int q = 0; q < whole; ++q) {
+      if (runs[q].n == common) continue;
+      DotScoresR<O, R, T>(qd, dp, D, runs[q].k + common * ks, ks, runs[q].n - common,
+                          runs[q].kscale == nullptr ? nullptr : runs[q].kscale + common * kss, kss,
+                          s + runs[q].s_off + common, s_stride, nullptr, 0, 0, 0);
+    }
+    i = whole;
+  }
+#endif
+  // V rows are prefetched beside K for reduced-precision V only, as for contiguous K/V.
+  for (; i < nruns; ++i) {
+    const char* vpf = std::is_same_v<T, float> ? nullptr : runs[i].v;
+    DotScoresR<O, R, T>(qd, dp, D, runs[i].k, ks, runs[i].n, runs[i].kscale, kss, s + runs[i].s_off,
+                        s_stride, vpf, v_stride, v_bytes, runs[i].valid);
+  }
+}
+
+template <class O, class T>
+void DotScoresRuns(int R, const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* runs,
+                   int nruns, int nahead, std::int64_t ks, std::int64_t kss, float* s,
+                   std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes) {
+  switch (R) {
+#define CPUATTN_RUNS_CASE(n)                                                                \
+  case n:                                                                                   \
+    DotScoresRunsR<O, n, T>(qd, dp, D, runs, nruns, nahead, ks, kss, s, s_stride, v_stride, \
+                            v_bytes);                                                       \
+    break;
+    CPUATTN_RUNS_CASE(1)
+    CPUATTN_RUNS_CASE(2)
+    CPUATTN_RUNS_CASE(3)
+    CPUATTN_RUNS_CASE(4)
+    CPUATTN_RUNS_CASE(5)
+    CPUATTN_RUNS_CASE(6)
+    CPUATTN_RUNS_CASE(7)
+    CPUATTN_RUNS_CASE(8)
+#undef CPUATTN_RUNS_CASE
     default:
       break;
   }
