@@ -11,6 +11,7 @@
 #include "core/dtypes.h"
 #include "core/problem.h"
 #include "cpuattn/layers.h"
+#include "layers/cache_rows.h"
 #include "layers/paged_cache.h"
 
 namespace cpuattn {
@@ -179,18 +180,7 @@ struct KvCache::Storage {
           const std::int64_t src = b * t.strides[0] + h * t.strides[1] + l * t.strides[2];
           const std::int64_t tok = (b * Hkv + h) * capacity + length + l;
           std::uint8_t* out = dst.data() + tok * width * e;
-          if (t.dtype == dtype) {
-            std::memcpy(out, static_cast<const std::uint8_t*>(t.data) + src * e,
-                        static_cast<std::size_t>(width * e));
-            continue;
-          }
-          for (std::int64_t d = 0; d < width; ++d)
-            row[d] = detail::load_as_float(t.data, t.dtype, src + d);
-          if (dtype == DType::i8) {
-            scale[tok] = quantize_int8(row.data(), width, reinterpret_cast<std::int8_t*>(out));
-          } else {
-            for (std::int64_t d = 0; d < width; ++d) detail::store_float(out, dtype, d, row[d]);
-          }
+          store_cache_row(t, src, out, dtype, width, scale.empty() ? nullptr : &scale[tok], row);
         }
       }
     }
@@ -355,6 +345,39 @@ struct MultiHeadAttention::Impl {
     }
     detail::check_no_self_overlap(oname, out);
   }
+
+  // The checks both decode() overloads start with: x [B, n, d_model], out alike and apart from x,
+  // and options that decoding can honour. Returns the options it runs with (bottom-right causal).
+  AttentionOptions check_decode(const TensorView& x, const OutputView& out,
+                                const AttentionOptions& opts) const {
+    check_f32("x", x, 3);
+    check_io("x", x, "out", out, x.shape[0], x.shape[1]);
+    detail::check_disjoint("out", detail::extent_of("out", out),
+                           {{"x", detail::extent_of("x", x)}});
+    if (opts.causal == Causal::top_left) {
+      fail(
+          "decode attends new tokens to the whole cache: opts.causal must be none or "
+          "bottom_right, not top_left");
+    }
+    AttentionOptions o = opts;
+    o.causal = Causal::bottom_right;
+    return o;
+  }
+
+  // Q, K and V of the n new tokens of x [B, n, d_model] into buf.
+  void project_step(const TensorView& x, const Buffers& buf, Context& ctx) const {
+    const std::int64_t B = x.shape[0], n = x.shape[1];
+    wq.forward(x, f32_view(buf.q, {B, n, cfg.heads * cfg.head_dim}), &ctx);
+    wk.forward(x, f32_view(buf.k, {B, n, cfg.kv_heads * cfg.head_dim}), &ctx);
+    wv.forward(x, f32_view(buf.v, {B, n, cfg.kv_heads * cfg.value_dim}), &ctx);
+  }
+
+  // out = A Wo + bo for the rows of buf.a [rows, H * Dv].
+  void output(const Buffers& buf, std::int64_t B, std::int64_t L, const OutputView& out,
+              Context& ctx) const {
+    wo.forward(f32_view(static_cast<const float*>(buf.a), {B, L, cfg.heads * cfg.value_dim}), out,
+               &ctx);
+  }
 };
 
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights& w) {
@@ -479,8 +502,7 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   m.wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
   m.wv.forward(xkv, f32_view(buf.v, {B, Lk, c.kv_heads * c.value_dim}), &ctx);
   detail::run_attention(problem, ctx);
-  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, Lq, c.heads * c.value_dim}), out,
-               &ctx);
+  m.output(buf, B, Lq, out, ctx);
   describe(scope, "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv), c, opts);
   scope.finish(ctx);
 }
@@ -490,10 +512,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   detail::CallScope scope("mha.decode");
   const Impl& m = live(impl_, "decode");
   const MhaConfig& c = m.cfg;
-  check_f32("x", x, 3);
+  AttentionOptions opts = m.check_decode(x, out, opts_in);
   const std::int64_t B = x.shape[0], n = x.shape[1];
-  m.check_io("x", x, "out", out, B, n);
-  detail::check_disjoint("out", detail::extent_of("out", out), {{"x", detail::extent_of("x", x)}});
   KvCache::Storage& s = live(cache.s_, "decode (cache)");
   if (s.B != B || s.Hkv != c.kv_heads || s.D != c.head_dim || s.Dv != c.value_dim) {
     fail("cache (batch=" + std::to_string(s.B) + ", kv_heads=" + std::to_string(s.Hkv) +
@@ -502,13 +522,6 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
          ", kv_heads=" + std::to_string(c.kv_heads) + ", head_dim=" + std::to_string(c.head_dim) +
          ", value_dim=" + std::to_string(c.value_dim) + ")");
   }
-  if (opts_in.causal == Causal::top_left) {
-    fail(
-        "decode attends new tokens to the whole cache: opts.causal must be none or "
-        "bottom_right, not top_left");
-  }
-  AttentionOptions opts = opts_in;
-  opts.causal = Causal::bottom_right;
   s.make_room(n);  // may grow (contents kept), or throws before anything changes
   const std::int64_t len = s.length + n;
 
@@ -526,9 +539,7 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
       detail::validate(q, s.view(s.k, s.D, len), s.view(s.v, s.Dv, len), a, opts, false);
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
-  m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
-  m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);
-  m.wv.forward(x, f32_view(buf.v, {B, n, c.kv_heads * c.value_dim}), &ctx);
+  m.project_step(x, buf, ctx);
   const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
   const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
   s.check_storable(new_k, "k (projected from x)");
@@ -537,8 +548,7 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   s.store(new_v, s.v, s.v_scale, s.Dv);
   s.length = len;
   detail::run_attention(problem, ctx);
-  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
-               &ctx);
+  m.output(buf, B, n, out, ctx);
   describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts);
   scope.finish(ctx);
 }
@@ -549,10 +559,8 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   detail::CallScope scope("mha.decode_paged");
   const Impl& m = live(impl_, "decode");
   const MhaConfig& c = m.cfg;
-  check_f32("x", x, 3);
+  const AttentionOptions opts = m.check_decode(x, out, opts_in);
   const std::int64_t B = x.shape[0], n = x.shape[1];
-  m.check_io("x", x, "out", out, B, n);
-  detail::check_disjoint("out", detail::extent_of("out", out), {{"x", detail::extent_of("x", x)}});
   PagedKvCache::Storage& s = PagedKvCache::Storage::live(cache.s_, "decode (cache)");
   if (s.Hkv != c.kv_heads || s.D != c.head_dim || s.Dv != c.value_dim) {
     fail("paged cache (kv_heads=" + std::to_string(s.Hkv) + ", head_dim=" + std::to_string(s.D) +
@@ -574,14 +582,6 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   if (need > static_cast<std::int64_t>(s.free_list.size()))
     fail("decode: this step needs " + std::to_string(need) + " free pages but " +
          std::to_string(s.free_list.size()) + " of " + std::to_string(s.NP) + " are free");
-  if (opts_in.causal == Causal::top_left) {
-    fail(
-        "decode attends new tokens to the whole cache: opts.causal must be none or "
-        "bottom_right, not top_left");
-  }
-  AttentionOptions opts = opts_in;
-  opts.causal = Causal::bottom_right;
-
   Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
@@ -597,9 +597,7 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   }
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
-  m.wq.forward(x, f32_view(buf.q, {B, n, c.heads * c.head_dim}), &ctx);
-  m.wk.forward(x, f32_view(buf.k, {B, n, c.kv_heads * c.head_dim}), &ctx);
-  m.wv.forward(x, f32_view(buf.v, {B, n, c.kv_heads * c.value_dim}), &ctx);
+  m.project_step(x, buf, ctx);
   // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
   const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
     TensorView t = TensorView::contiguous(static_cast<const float*>(base) + b * n * c.kv_heads * d,
@@ -615,8 +613,7 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
     s.append_checked(s.seq(seqs[static_cast<std::size_t>(b)], "decode"), rows(buf.k, b, c.head_dim),
                      rows(buf.v, b, c.value_dim));
   attention(q, cache.batch(seqs), a, opts, &ctx);
-  m.wo.forward(f32_view(static_cast<const float*>(buf.a), {B, n, c.heads * c.value_dim}), out,
-               &ctx);
+  m.output(buf, B, n, out, ctx);
   describe(scope, "x:" + detail::dims_of(x) + ";paged", c, opts);
   scope.finish(ctx);
 }

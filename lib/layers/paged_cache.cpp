@@ -15,6 +15,7 @@
 #include "api/checks.h"
 #include "core/dtypes.h"
 #include "cpuattn/layers.h"
+#include "layers/cache_rows.h"
 
 namespace cpuattn {
 
@@ -138,21 +139,8 @@ void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const T
     for (std::int64_t h = 0; h < Hkv; ++h) {
       const std::int64_t src = h * t.strides[0] + l * t.strides[1];
       const std::int64_t slot = (page * Hkv + h) * P + tok % P;
-      std::uint8_t* out = pool.data() + slot * width * e;
-      if (t.dtype == dtype) {
-        std::memcpy(out, static_cast<const std::uint8_t*>(t.data) + src * e,
-                    static_cast<std::size_t>(width * e));
-        continue;
-      }
-      for (std::int64_t d = 0; d < width; ++d)
-        row[static_cast<std::size_t>(d)] = detail::load_as_float(t.data, t.dtype, src + d);
-      if (dtype == DType::i8) {
-        scale[static_cast<std::size_t>(slot)] =
-            quantize_int8(row.data(), width, reinterpret_cast<std::int8_t*>(out));
-      } else {
-        for (std::int64_t d = 0; d < width; ++d)
-          detail::store_float(out, dtype, d, row[static_cast<std::size_t>(d)]);
-      }
+      store_cache_row(t, src, pool.data() + slot * width * e, dtype, width,
+                      scale.empty() ? nullptr : &scale[static_cast<std::size_t>(slot)], row);
     }
   }
 }
