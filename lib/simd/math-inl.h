@@ -69,9 +69,10 @@ template <class O>
 CPUATTN_INLINE typename O::V SoftCap(typename O::V x, typename O::V cap, typename O::V k) {
   using V = typename O::V;
   const V e = Exp2<O>(O::Mul(O::Abs(x), O::Sub(O::Zero(), k)));
-  const V one = O::Set(1.0f);
-  const V t = O::Div(O::Sub(one, e), O::Add(one, e));
-  return O::CopySignToAbs(O::Mul(cap, t), x);
+  // cap (1 - e) in one multiply-add: the multiplies, not the division, bound the epilogue of a
+  // score tile (dividing by rcp14 and a Newton step instead measured 2% slower on Zen 4's P1).
+  const V capped = O::Div(O::MulAdd(O::Sub(O::Zero(), cap), e, cap), O::Add(O::Set(1.0f), e));
+  return O::CopySignToAbs(capped, x);
 }
 
 // out[i] = f(in[i]) for a vector function f; the tail goes through a zero-padded vector.
