@@ -232,6 +232,22 @@ TEST_P(PagedGrid, ReducedPrecisionPools) {
   }
 }
 
+TEST_P(PagedGrid, DecodeTasksOfSeveralKvHeads) {
+  // Paged decoding gives a task several K/V heads (Plan::kv_heads_per_task, at most 64 rows):
+  // 12 heads of 6 query heads each make tasks of 10 heads and of 2; Dv = 24 is not whole vectors
+  // (V packed head by head); 8 query heads per K/V head is past the four-key micro-kernel's 6.
+  for (DType dt : {DType::f32, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Pool wide(72, 12, 40, 24, 16, {33, 260, 0, 129}, 1, dt, 0, 23);
+    check_pool(wide, {}, GetParam());
+    const Pool deep(24, 3, 64, 48, 16, {200, 17}, 1, dt, 1, 29);
+    AttentionOptions o;
+    o.window_left = 100;
+    o.softcap = 20;
+    check_pool(deep, o, GetParam());
+  }
+}
+
 TEST_P(PagedGrid, LongDecodeSplitsKeys) {
   // One long sequence decoded alone: the plan splits its keys across tasks and merges them.
   const Pool pl(8, 1, 64, 64, 16, {5000}, 1, DType::f32, 0, 19);

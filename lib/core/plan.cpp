@@ -35,7 +35,22 @@ Plan make_plan(const Problem& p, std::int64_t block_rows, std::int64_t block_key
   pl.rows = pl.heads_per_block * pl.pos_per_block;
   pl.head_splits = ceil_div(p.group, pl.heads_per_block);
   pl.q_blocks = ceil_div(p.Lq, pl.pos_per_block);
-  const std::int64_t units = p.B * p.Hkv * pl.head_splits;
+  // Paged decoding: a task takes every K/V head of its sequence (up to 64 rows) and, block by
+  // block, runs them head after head through the same pages (kernels/flash/task-inl.h). Head by
+  // head across tasks, a 16-token page is Hkv separate 8 KiB runs (f32, D = 128) read at
+  // different times, each of which the hardware prefetchers must find anew; within one task a
+  // page's [Hkv, P, D] is read front to back over a block. Zen 4, one core, G1 (pages of 16):
+  // 0.78x -> 0.86-0.91x of contiguous decoding (a read test of the two patterns: 16 against
+  // 20-21 GB/s). Each head's rows must fit the streaming path.
+  if (p.pages != nullptr && p.Lq == 1 && p.group <= kStreamRows && p.Hkv > 1) {
+    pl.kv_heads_per_task = std::min(p.Hkv, std::max<std::int64_t>(1, 64 / p.group));
+    pl.heads_per_block = p.group;
+    pl.pos_per_block = 1;
+    pl.head_splits = 1;
+    pl.q_blocks = 1;
+    pl.rows = pl.kv_heads_per_task * p.group;
+  }
+  const std::int64_t units = p.B * ceil_div(p.Hkv, pl.kv_heads_per_task) * pl.head_splits;
   // Few tasks per head keep K/V packing amortized over many query blocks; more only to balance.
   const std::int64_t want_chunks =
       std::clamp(ceil_div(target_tasks(), units), std::int64_t{1}, pl.q_blocks);

@@ -14,9 +14,16 @@ namespace cpuattn::detail {
 
 // Derived from the shape and the kernel's block sizes only, never from the thread count, so that
 // results are bitwise identical for any number of threads.
+// At most this many query rows of one K/V head in a block take the kernel's streaming (decode)
+// path when K/V are not reused across query blocks.
+inline constexpr std::int64_t kStreamRows = 8;
+
 struct Plan {
-  std::int64_t rows = 0;          // query rows per block (positions x heads), <= block_rows
-  std::int64_t heads_per_block;   // nh: query heads of one K/V group folded into a block
+  std::int64_t rows = 0;         // query rows per block (positions x heads)
+  std::int64_t heads_per_block;  // nh: query heads of one K/V group folded into a block
+  // K/V heads of one task; above 1 only for paged decoding (see make_plan): the block's rows are
+  // then those heads' groups of query heads, head-major, at one query position.
+  std::int64_t kv_heads_per_task = 1;
   std::int64_t pos_per_block;     // np: query positions per block
   std::int64_t head_splits;       // ceil(group / nh): blocks across one group's heads
   std::int64_t q_blocks;          // ceil(Lq / np)
@@ -24,7 +31,7 @@ struct Plan {
   std::int64_t blocks_per_chunk;  // q blocks per chunk
   std::int64_t k_splits;          // tasks along the keys (merged afterwards); 1 = no split
   std::int64_t keys_per_split;    // multiple of the kernel's key block
-  std::int64_t tasks;             // B * Hkv * head_splits * q_chunks * k_splits
+  std::int64_t tasks;  // B * ceil(Hkv / kv_heads_per_task) * head_splits * q_chunks * k_splits
 
   // A task's partial results when k_splits > 1: for each of its rows, (m, l, acc[Dv]) with acc
   // unnormalized and m in log2 units; indexed [unit][split][row], unit = one q block.

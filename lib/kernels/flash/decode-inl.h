@@ -181,15 +181,54 @@ struct KeyRun {
   std::int64_t s_off, n, valid;
 };
 
+#if CPUATTN_SIMD_BITS == 512
+// Row t of the four runs g4[0..3]: the R rows' scores of those four keys, and their V rows
+// prefetched into L2 for the P V that follows (prefetcht2: 17 GB/s in a page-shaped read test on
+// Zen 4, 15 with prefetcht0).
+template <class O, int R, class T>
+CPUATTN_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* g4,
+                              std::int64_t t, std::int64_t ks, std::int64_t kss, float* s,
+                              std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes) {
+  const T* const k4[4] = {g4[0].k + t * ks, g4[1].k + t * ks, g4[2].k + t * ks, g4[3].k + t * ks};
+  __m128 sum[R];
+  Dot4<O, R, T>(qd, dp, D, k4, sum);
+  for (int g = 0; g < 4; ++g)
+    for (std::int64_t off = 0; off < v_bytes; off += 64)
+      __builtin_prefetch(g4[g].v + t * v_stride + off, 0, 1);
+  const bool scaled = g4[0].kscale != nullptr;
+  const __m128 sc = !scaled ? _mm_set1_ps(1.0f)
+                            : _mm_setr_ps(g4[0].kscale[t * kss], g4[1].kscale[t * kss],
+                                          g4[2].kscale[t * kss], g4[3].kscale[t * kss]);
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float out[4];
+    _mm_store_ps(out, scaled ? _mm_mul_ps(sum[r], sc) : sum[r]);
+    for (int g = 0; g < 4; ++g) s[r * s_stride + g4[g].s_off + t] = out[g];
+  }
+}
+#endif
+
+// Keys [from, n) of one run by DotScoresR, V rows prefetched beside K (for reduced-precision V
+// only, as for contiguous K/V) when prefetch_v.
+template <class O, int R, class T>
+CPUATTN_INLINE void RunRest(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>& run,
+                            std::int64_t from, std::int64_t ks, std::int64_t kss, float* s,
+                            std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes,
+                            bool prefetch_v) {
+  const char* vpf = prefetch_v && !std::is_same_v<T, float> ? run.v + from * v_stride : nullptr;
+  DotScoresR<O, R, T>(qd, dp, D, run.k + from * ks, ks, run.n - from,
+                      run.kscale == nullptr ? nullptr : run.kscale + from * kss, kss,
+                      s + run.s_off + from, s_stride, vpf, v_stride, v_bytes, run.valid - from);
+}
+
 // DotScores over runs of keys that lie in different pages (or quarter blocks of contiguous K).
 // Runs are read in lock-step, row t of each at step t: a run is short (one head's 8 KiB of a
 // 16-token page at D = 128, f32) and starts where the hardware prefetcher has no stream yet, so
 // runs read one after another went at 8 GB/s on Zen 4 where four interleaved went at 15-17 and
 // eight at 16-20 (a page-shaped read test, beside 28 for one long stream). Their V rows are
-// prefetched as their K rows are read, into L2 (prefetcht2: 17 GB/s in that test, 15 with
-// prefetcht0), for the P V that follows, and so are the K rows of the `nahead` runs after them
-// (the next block's). Runs past the last whole four, and keys past the shortest run, go one run
-// at a time.
+// prefetched as their K rows are read (RunsStep4), and so are the K rows of the `nahead` runs
+// after them (those read next: the next block's, or the next head's of a paged task). Runs past
+// the last whole four, and keys past the shortest run, go one run at a time.
 template <class O, int R, class T>
 void DotScoresRunsR(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* runs,
                     int nruns, int nahead, std::int64_t ks, std::int64_t kss, float* s,
@@ -202,46 +241,22 @@ void DotScoresRunsR(const float* qd, std::int64_t dp, std::int64_t D, const KeyR
     for (int q = 1; q < whole; ++q) common = std::min(common, runs[q].n);
     const auto kbytes = D * static_cast<std::int64_t>(sizeof(T));
     for (std::int64_t t = 0; t < common; ++t) {
-      for (int q = 0; q < whole; q += 4) {
-        const KeyRun<T>* g4 = runs + q;
-        const T* const k4[4] = {g4[0].k + t * ks, g4[1].k + t * ks, g4[2].k + t * ks,
-                                g4[3].k + t * ks};
-        __m128 sum[R];
-        Dot4<O, R, T>(qd, dp, D, k4, sum);
-        for (int g = 0; g < 4; ++g)
-          for (std::int64_t off = 0; off < v_bytes; off += 64)
-            __builtin_prefetch(g4[g].v + t * v_stride + off, 0, 1);
-        const __m128 sc = g4[0].kscale == nullptr
-                              ? _mm_set1_ps(1.0f)
-                              : _mm_setr_ps(g4[0].kscale[t * kss], g4[1].kscale[t * kss],
-                                            g4[2].kscale[t * kss], g4[3].kscale[t * kss]);
-        CPUATTN_UNROLL(16)
-        for (int r = 0; r < R; ++r) {
-          alignas(16) float out[4];
-          _mm_store_ps(out, g4[0].kscale == nullptr ? sum[r] : _mm_mul_ps(sum[r], sc));
-          for (int g = 0; g < 4; ++g) s[r * s_stride + g4[g].s_off + t] = out[g];
-        }
-      }
+      for (int q = 0; q < whole; q += 4)
+        RunsStep4<O, R, T>(qd, dp, D, runs + q, t, ks, kss, s, s_stride, v_stride, v_bytes);
       for (int g = whole; g < nruns + nahead; ++g)
         if (t < runs[g].n)
           for (std::int64_t off = 0; off < kbytes; off += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(runs[g].k + t * ks) + off, 0, 1);
     }
-    for (int q = 0; q < whole; ++q) {
-      if (runs[q].n == common) continue;
-      DotScoresR<O, R, T>(qd, dp, D, runs[q].k + common * ks, ks, runs[q].n - common,
-                          runs[q].kscale == nullptr ? nullptr : runs[q].kscale + common * kss, kss,
-                          s + runs[q].s_off + common, s_stride, nullptr, 0, 0, 0);
-    }
+    for (int q = 0; q < whole; ++q)
+      if (runs[q].n > common)
+        RunRest<O, R, T>(qd, dp, D, runs[q], common, ks, kss, s, s_stride, v_stride, v_bytes,
+                         false);
     i = whole;
   }
 #endif
-  // V rows are prefetched beside K for reduced-precision V only, as for contiguous K/V.
-  for (; i < nruns; ++i) {
-    const char* vpf = std::is_same_v<T, float> ? nullptr : runs[i].v;
-    DotScoresR<O, R, T>(qd, dp, D, runs[i].k, ks, runs[i].n, runs[i].kscale, kss, s + runs[i].s_off,
-                        s_stride, vpf, v_stride, v_bytes, runs[i].valid);
-  }
+  for (; i < nruns; ++i)
+    RunRest<O, R, T>(qd, dp, D, runs[i], 0, ks, kss, s, s_stride, v_stride, v_bytes, true);
 }
 
 template <class O, class T>

@@ -40,15 +40,15 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// At most this many query rows in a block take the streaming path when K/V are not reused.
-inline constexpr int kStreamRows = 8;
+using detail::kStreamRows;
 // Keys per step of the in-place P V of streamed bf16/f16/int8 blocks: every column chunk of these
 // rows before the next rows, so V is read front to back in 16-key runs (2-4 KiB) instead of one
 // column chunk of the whole block at a time (D2, 1 thread: bf16 38 -> 32 ms, int8 28 -> 22 ms;
 // 8, 32 and 64 keys measured worse). f32 keeps whole blocks: no gain measured there.
 inline constexpr std::int64_t kStreamKeys = 16;
 
-// Runs task t of the plan: one (batch, K/V head, head split, chunk of query blocks, key split).
+// Runs task t of the plan: one (batch, K/V head, head split, chunk of query blocks, key split), or
+// for paged decoding several K/V heads (Plan::kv_heads_per_task).
 // K/V blocks are packed once per task: kept for all query blocks when the chunk has several,
 // else packed into one reused slot (decode), so K/V far larger than the caches stream once.
 // With a log (profiling on), the time is split into phases at every step of every key block
@@ -77,10 +77,15 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   t /= pl.q_chunks;
   const std::int64_t hs = t % pl.head_splits;
   t /= pl.head_splits;
-  const std::int64_t hk = t % p.Hkv;
-  const std::int64_t b = t / p.Hkv;
+  const std::int64_t kv_tasks = (p.Hkv + pl.kv_heads_per_task - 1) / pl.kv_heads_per_task;
+  const std::int64_t hk = t % kv_tasks * pl.kv_heads_per_task;  // the task's first K/V head
+  const std::int64_t b = t / kv_tasks;
+  // K/V heads of the task; with several, the block's rows are their query heads, head-major, at
+  // one position (make_plan), and each head's rows stream on their own K/V rows.
+  const std::int64_t nhk = std::min(pl.kv_heads_per_task, p.Hkv - hk);
 
-  const std::int64_t nh = std::min(pl.heads_per_block, p.group - hs * pl.heads_per_block);
+  const std::int64_t nh =
+      nhk > 1 ? nhk * p.group : std::min(pl.heads_per_block, p.group - hs * pl.heads_per_block);
   const std::int64_t h0 = hk * p.group + hs * pl.heads_per_block;
   const std::int64_t qb0 = qc * pl.blocks_per_chunk;
   const std::int64_t qb1 = std::min(pl.q_blocks, qb0 + pl.blocks_per_chunk);
@@ -119,8 +124,9 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     const std::int64_t pos0 = qb * pl.pos_per_block;
     const std::int64_t pos1 = std::min(p.Lq, pos0 + pl.pos_per_block);
     const int rows = static_cast<int>((pos1 - pos0) * nh);
+    const int head_rows = rows / static_cast<int>(nhk);  // rows of one K/V head
     // Few rows (decode) and no K/V reuse across query blocks: stream K/V in place.
-    const bool stream = !keep_packed && rows <= kStreamRows;
+    const bool stream = !keep_packed && head_rows <= kStreamRows;
     // Streamed K in four interleaved runs (DotScoresRuns): always for pages, and for contiguous
     // K/V of f32, bf16 or f16 with several rows per block (1 thread, Zen 4, same-run A/B against
     // one stream per block: D2 f32 -4%, bf16 -23%, D1 f32 -30%; int8 K +8% and M2 (one row per
@@ -173,7 +179,8 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
           PrefetchKV(p, b, hk, kb0 + 2 * g.Nk, std::min(g.Nk, k1 - kb0 - 2 * g.Nk));
       }
       if (stream) {
-        if (!v_in_place) PackV<O>(p, g, b, hk, kb0, nk, vp);
+        // (With several heads, each head's V is packed just before its P V.)
+        if (!v_in_place && nhk == 1) PackV<O>(p, g, b, hk, kb0, nk, vp);
       } else if (first_use) {
         if constexpr (kNative) {
           NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
@@ -216,164 +223,182 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       }
       clock.lap(Phase::mask);
 
-      // 1. Scores, masked in the micro-kernel epilogue where needed.
-      if (stream) {
-        detail::with_elem(p.k.dtype, [&](auto t) {
-          using T = decltype(t);
-          const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-          if (runs_path) {
-            // The block's keys in runs that share a page, of at most a quarter block each (four
-            // are read at once), then the next block's first four runs, to prefetch.
-            KeyRun<T> runs[O::kBlockKeys + 8];
-            int n = 0;
-            // Keys [j0, j1) of this block (offsets from kb0) in runs; at most `most` of them.
-            const auto cut = [&](std::int64_t j0, std::int64_t j1, int most) {
-              for (int added = 0; j0 < j1 && added < most; ++added, ++n) {
-                const std::int64_t kj = kb0 + j0;
-                const std::int64_t nj = std::min({j1 - j0, p.page_run(kj), O::kBlockKeys / 4});
-                runs[n] = {
-                    static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kj) + hk * p.k.s[1],
-                    p.k_scale == nullptr
-                        ? nullptr
-                        : p.k_scale + p.key_off(p.k_scale_s, b, kj) + hk * p.k_scale_s[1],
-                    static_cast<const char*>(p.v.data) +
-                        (p.key_off(p.v.s, b, kj) + hk * p.v.s[1]) * ev,
-                    j0,
-                    nj,
-                    std::min(k1 - kj, p.page_run(kj))};
-                j0 += nj;
+      // Steps 1-3 run once per K/V head of the task, on that head's rows [r_lo, r_hi) (all rows
+      // with one head). Several heads (paged decoding): head after head through the same pages,
+      // so each page's [Hkv, P, D] is read front to back over the block, and a head's V rows are
+      // used while the prefetch has them in L2.
+      for (std::int64_t j = 0; j < nhk; ++j) {
+        const std::int64_t hkj = hk + j;
+        const int r_lo = static_cast<int>(j) * head_rows, r_hi = r_lo + head_rows;
+        // 1. Scores, masked in the micro-kernel epilogue where needed.
+        if (stream) {
+          detail::with_elem(p.k.dtype, [&](auto t) {
+            using T = decltype(t);
+            const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
+            if (runs_path) {
+              // The block's keys in runs that share a page, of at most a quarter block each (four
+              // are read at once), then the first runs to be read next, to prefetch: the next
+              // head's in this block, or after the last head the next block's.
+              KeyRun<T> runs[O::kBlockKeys + 8];
+              int n = 0;
+              // Keys [j0, j1) of this block (offsets from kb0) of K/V head `head` in runs; at most
+              // `most` of them.
+              const auto cut = [&](std::int64_t j0, std::int64_t j1, int most, std::int64_t head) {
+                for (int added = 0; j0 < j1 && added < most; ++added, ++n) {
+                  const std::int64_t kj = kb0 + j0;
+                  const std::int64_t nj = std::min({j1 - j0, p.page_run(kj), O::kBlockKeys / 4});
+                  runs[n] = {
+                      static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kj) + head * p.k.s[1],
+                      p.k_scale == nullptr
+                          ? nullptr
+                          : p.k_scale + p.key_off(p.k_scale_s, b, kj) + head * p.k_scale_s[1],
+                      static_cast<const char*>(p.v.data) +
+                          (p.key_off(p.v.s, b, kj) + head * p.v.s[1]) * ev,
+                      j0,
+                      nj,
+                      std::min(k1 - kj, p.page_run(kj))};
+                  j0 += nj;
+                }
+              };
+              cut(0, nk_live, O::kBlockKeys, hkj);
+              const int nruns = n;
+              if (j + 1 < nhk)
+                cut(0, nk_live, 8, hkj + 1);
+              else
+                cut(g.Nk, std::min(k1 - kb0, 2 * g.Nk), 8, hk);
+              const int nahead = n - nruns;
+              DotScoresRuns<O, T>(r_hi - r_lo, qp + r_lo * qs, qs, g.D, runs, nruns, nahead,
+                                  p.k.s[2], p.k_scale_s[2], s + r_lo * g.Nk, g.Nk, p.v.s[2] * ev,
+                                  p.Dv * ev);
+              return;
+            }
+            const T* K =
+                static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hkj * p.k.s[1];
+            const float* kscale =
+                p.k_scale == nullptr
+                    ? nullptr
+                    : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hkj * p.k_scale_s[1];
+            // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved the
+            // same time from P V into the scores (M2, one row per block: 4% slower overall).
+            const char* vpf = p.v.dtype == DType::f32
+                                  ? nullptr
+                                  : static_cast<const char*>(p.v.data) +
+                                        (p.key_off(p.v.s, b, kb0) + hkj * p.v.s[1]) * ev;
+            DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
+                            g.Nk, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+          });
+          clock.lap(Phase::scores);
+          // A row with no mask tensor that sees every column needs no pass (decoding's usual case:
+          // the pass cost D2 7% of its time with an int8 cache).
+          for (int r = r_lo; r < r_hi; ++r) {
+            if (rm[r].mask != nullptr || rm[r].end < ncols || rm[r].begin > 0 || mi.transforms())
+              MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
+          }
+          clock.lap(Phase::mask);
+        } else if constexpr (kNative) {
+          for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+            const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
+            const bool masked = c0 < clean_lo || c0 + W > clean_hi;
+            for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+              const int R = std::min(O::kScoreRows, rows - r0);
+              const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
+              if (masked) {
+                NativeBf16<O>::template ScoreRows<true>(R, qrows, qs2, dp2, panel, qscale,
+                                                        s + r0 * g.Nk + c0, g.Nk,
+                                                        static_cast<std::int32_t>(c0), rm + r0, mi);
+              } else {
+                NativeBf16<O>::template ScoreRows<false>(
+                    R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
+                    static_cast<std::int32_t>(c0), rm + r0, mi);
               }
-            };
-            cut(0, nk_live, O::kBlockKeys);
-            const int nruns = n;
-            cut(g.Nk, std::min(k1 - kb0, 2 * g.Nk), 8);
-            const int nahead = n - nruns;
-            DotScoresRuns<O, T>(rows, qp, qs, g.D, runs, nruns, nahead, p.k.s[2], p.k_scale_s[2], s,
-                                g.Nk, p.v.s[2] * ev, p.Dv * ev);
-            return;
-          }
-          const T* K = static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hk * p.k.s[1];
-          const float* kscale = p.k_scale == nullptr ? nullptr
-                                                     : p.k_scale + p.key_off(p.k_scale_s, b, kb0) +
-                                                           hk * p.k_scale_s[1];
-          // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved the
-          // same time from P V into the scores (M2, one row per block: 4% slower overall).
-          const char* vpf = p.v.dtype == DType::f32
-                                ? nullptr
-                                : static_cast<const char*>(p.v.data) +
-                                      (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
-          DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s, g.Nk,
-                          vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
-        });
-        clock.lap(Phase::scores);
-        // A row with no mask tensor that sees every column needs no pass (decoding's usual case:
-        // the pass cost D2 7% of its time with an int8 cache).
-        for (int r = 0; r < rows; ++r) {
-          if (rm[r].mask != nullptr || rm[r].end < ncols || rm[r].begin > 0 || mi.transforms())
-            MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
-        }
-        clock.lap(Phase::mask);
-      } else if constexpr (kNative) {
-        for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
-          const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
-          const bool masked = c0 < clean_lo || c0 + W > clean_hi;
-          for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
-            const int R = std::min(O::kScoreRows, rows - r0);
-            const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
-            if (masked) {
-              NativeBf16<O>::template ScoreRows<true>(R, qrows, qs2, dp2, panel, qscale,
-                                                      s + r0 * g.Nk + c0, g.Nk,
-                                                      static_cast<std::int32_t>(c0), rm + r0, mi);
-            } else {
-              NativeBf16<O>::template ScoreRows<false>(R, qrows, qs2, dp2, panel, qscale,
-                                                       s + r0 * g.Nk + c0, g.Nk,
-                                                       static_cast<std::int32_t>(c0), rm + r0, mi);
             }
           }
-        }
-        clock.lap(Phase::scores);
-      } else {
-        for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
-          const float* panel = kp + (c0 / W) * g.D * W;
-          const bool masked = c0 < clean_lo || c0 + W > clean_hi;
-          for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
-            const int R = std::min(O::kScoreRows, rows - r0);
-            if (masked) {
-              ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                                 static_cast<std::int32_t>(c0), rm + r0, mi);
-            } else {
-              ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                                  static_cast<std::int32_t>(c0), rm + r0, mi);
+          clock.lap(Phase::scores);
+        } else {
+          for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+            const float* panel = kp + (c0 / W) * g.D * W;
+            const bool masked = c0 < clean_lo || c0 + W > clean_hi;
+            for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+              const int R = std::min(O::kScoreRows, rows - r0);
+              if (masked) {
+                ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                   static_cast<std::int32_t>(c0), rm + r0, mi);
+              } else {
+                ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                    static_cast<std::int32_t>(c0), rm + r0, mi);
+              }
             }
           }
+          clock.lap(Phase::scores);
         }
-        clock.lap(Phase::scores);
-      }
 
-      // 2. Online softmax: fold the block into each row's running state.
-      for (int r = 0; r < rows; ++r)
-        OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
-      clock.lap(Phase::softmax);
+        // 2. Online softmax: fold the block into each row's running state.
+        for (int r = r_lo; r < r_hi; ++r)
+          OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
+        clock.lap(Phase::softmax);
 
-      // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
-      if constexpr (kNative) {
-        if (native) {
-          for (int r = 0; r < rows; ++r)
-            NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
-          const std::int64_t nk2 = (nk + 1) / 2, live2 = (nk_live + 1) / 2;
-          for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
-            const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
-            const auto* vchunk = reinterpret_cast<const std::uint32_t*>(vp) + c0 * nk2;
-            for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
-              const int R = std::min(O::kPvRows, rows - r0);
-              NativeBf16<O>::PvRows(R, static_cast<int>(cw / O::kLanes),
-                                    reinterpret_cast<const std::uint32_t*>(pb + r0 * g.Nk),
-                                    g.Nk / 2, vchunk, cw, live2, acc + r0 * g.DvP + c0, g.DvP);
-            }
-          }
-          clock.lap(Phase::pv);
-          continue;
-        }
-      }
-      if (v_in_place) {
-        if (p.v_scale != nullptr) {
-          // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
-          for (std::int64_t j0 = 0; j0 < nk_live;) {
-            const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
-            const float* vs = p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hk * p.v_scale_s[1];
+        // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
+        if constexpr (kNative) {
+          if (native) {
             for (int r = 0; r < rows; ++r)
-              for (std::int64_t j = 0; j < nj; ++j) s[r * g.Nk + j0 + j] *= vs[j * p.v_scale_s[2]];
-            j0 += nj;
-          }
-        }
-        detail::with_elem(p.v.dtype, [&](auto t) {
-          using T = decltype(t);
-          const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
-          for (std::int64_t j0 = 0; j0 < nk_live;) {
-            const std::int64_t nj = std::min({step, nk_live - j0, p.page_run(kb0 + j0)});
-            const T* V =
-                static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) + hk * p.v.s[1];
+              NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
+            const std::int64_t nk2 = (nk + 1) / 2, live2 = (nk_live + 1) / 2;
             for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
               const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+              const auto* vchunk = reinterpret_cast<const std::uint32_t*>(vp) + c0 * nk2;
               for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
                 const int R = std::min(O::kPvRows, rows - r0);
-                PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk + j0, g.Nk, V + c0,
-                             p.v.s[2], nj, acc + r0 * g.DvP + c0, g.DvP);
+                NativeBf16<O>::PvRows(R, static_cast<int>(cw / O::kLanes),
+                                      reinterpret_cast<const std::uint32_t*>(pb + r0 * g.Nk),
+                                      g.Nk / 2, vchunk, cw, live2, acc + r0 * g.DvP + c0, g.DvP);
               }
             }
-            j0 += nj;
+            clock.lap(Phase::pv);
+            continue;
           }
-        });
-        clock.lap(Phase::pv);
-        continue;
-      }
-      for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
-        const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
-        const float* vchunk = vp + c0 * nk;
-        for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
-          const int R = std::min(O::kPvRows, rows - r0);
-          PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw, nk_live,
-                    acc + r0 * g.DvP + c0, g.DvP);
+        }
+        if (v_in_place) {
+          if (p.v_scale != nullptr) {
+            // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
+            for (std::int64_t j0 = 0; j0 < nk_live;) {
+              const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+              const float* vs =
+                  p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hkj * p.v_scale_s[1];
+              for (int r = r_lo; r < r_hi; ++r)
+                for (std::int64_t jj = 0; jj < nj; ++jj)
+                  s[r * g.Nk + j0 + jj] *= vs[jj * p.v_scale_s[2]];
+              j0 += nj;
+            }
+          }
+          detail::with_elem(p.v.dtype, [&](auto t) {
+            using T = decltype(t);
+            const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
+            for (std::int64_t j0 = 0; j0 < nk_live;) {
+              const std::int64_t nj = std::min({step, nk_live - j0, p.page_run(kb0 + j0)});
+              const T* V =
+                  static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1];
+              for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+                const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+                for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+                  const int R = std::min(O::kPvRows, r_hi - r0);
+                  PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk + j0, g.Nk,
+                               V + c0, p.v.s[2], nj, acc + r0 * g.DvP + c0, g.DvP);
+                }
+              }
+              j0 += nj;
+            }
+          });
+          continue;
+        }
+        if (stream && nhk > 1) PackV<O>(p, g, b, hkj, kb0, nk, vp);
+        for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+          const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+          const float* vchunk = vp + c0 * nk;
+          for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+            const int R = std::min(O::kPvRows, r_hi - r0);
+            PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw, nk_live,
+                      acc + r0 * g.DvP + c0, g.DvP);
+          }
         }
       }
       clock.lap(Phase::pv);
