@@ -134,7 +134,9 @@ TEST_P(Micro, SoftCapStatedError) {
       const double want = double(cap) * std::tanh(double(x[i]) / double(cap));
       const double err = std::abs(y[i] - want) / cap;
       if (err > worst) worst = err, worst_x = x[i];
-      if (x[i] != 0) ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "x = " << x[i];
+      if (x[i] != 0) {
+        ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "x = " << x[i];
+      }
     }
     EXPECT_LE(worst, 4e-7) << "worst at x = " << worst_x;
     const float special[] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()};
