@@ -14,13 +14,22 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// Acc[R][0:C vectors] += P[R][0:nk] . Vp chunk [nk][CW]. R * C accumulators in registers; each key
-// costs C loads, R broadcasts and R*C FMAs.
-// V is f32 (packed, or in place) or, in place for decode, a reduced-precision TV widened as it is
-// loaded.
+// A run of V rows read in place: keys [j0, j0 + n) of the block, rows `v_stride` elements apart
+// from v (one page's rows, for a paged cache).
+template <class TV>
+struct VRun {
+  const TV* v;
+  std::int64_t j0, n;
+};
+
+// Acc[R][0:C vectors] += P[R][keys of the runs] . V[those keys][c0 : c0 + C vectors]. R * C
+// accumulators in registers across all runs (loaded and stored once per block, not once per
+// 16-key page: at R = 4, C = 4 that was 32 memory operations per 256 FMAs); each key costs C
+// loads, R broadcasts and R*C FMAs. V is f32 (packed, or in place) or, in place for decode, a
+// reduced-precision TV widened as it is loaded.
 template <class O, int R, int C, class TV = float>
 CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
-                           const TV* CPUATTN_RESTRICT vp, std::int64_t cw, std::int64_t nk,
+                           const VRun<TV>* runs, int nruns, std::int64_t c0, std::int64_t v_stride,
                            float* CPUATTN_RESTRICT acc_out, std::int64_t acc_stride) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
@@ -30,7 +39,9 @@ CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_strid
     CPUATTN_UNROLL(16)
     for (int c = 0; c < C; ++c) acc[r][c] = O::Load(acc_out + r * acc_stride + c * N);
   }
-  AccumulateOuter<O, R, C, TV>(p, 1, p_stride, vp, cw, nk, acc);
+  for (int i = 0; i < nruns; ++i)
+    AccumulateOuter<O, R, C, TV>(p + runs[i].j0, 1, p_stride, runs[i].v + c0, v_stride, runs[i].n,
+                                 acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(16)
@@ -39,12 +50,13 @@ CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_strid
 }
 
 template <class O, int C, class TV>
-void PvRowsC(int R, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
-             std::int64_t nk, float* acc, std::int64_t acc_stride) {
+void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
+             std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride) {
   switch (R) {
-#define CPUATTN_PV_CASE(n)                                                                        \
-  case n:                                                                                         \
-    if constexpr (n <= O::kPvRows) PvTile<O, n, C, TV>(p, p_stride, vp, cw, nk, acc, acc_stride); \
+#define CPUATTN_PV_CASE(n)                                                          \
+  case n:                                                                           \
+    if constexpr (n <= O::kPvRows)                                                  \
+      PvTile<O, n, C, TV>(p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride); \
     break;
     CPUATTN_PV_CASE(1)
     CPUATTN_PV_CASE(2)
@@ -60,26 +72,38 @@ void PvRowsC(int R, const float* p, std::int64_t p_stride, const TV* vp, std::in
   }
 }
 
+// R rows' accumulators [acc, acc + C vectors) (columns c0 on of V) += P . V over the runs.
 template <class O, class TV = float>
-void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
-            std::int64_t nk, float* acc, std::int64_t acc_stride) {
+void PvRows(int R, int C, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
+            std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride) {
   static_assert(O::kPvRows <= 8 && O::kPvCols <= 4, "extend the switches");
   switch (C) {
     case 1:
-      PvRowsC<O, 1, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      PvRowsC<O, 1, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
       break;
     case 2:
-      if constexpr (O::kPvCols >= 2) PvRowsC<O, 2, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 2)
+        PvRowsC<O, 2, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
       break;
     case 3:
-      if constexpr (O::kPvCols >= 3) PvRowsC<O, 3, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 3)
+        PvRowsC<O, 3, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
       break;
     case 4:
-      if constexpr (O::kPvCols >= 4) PvRowsC<O, 4, TV>(R, p, p_stride, vp, cw, nk, acc, acc_stride);
+      if constexpr (O::kPvCols >= 4)
+        PvRowsC<O, 4, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
       break;
     default:
       break;
   }
+}
+
+// One run of nk keys: P[R][0:nk] . vp[nk][0:C vectors], rows `cw` elements apart.
+template <class O, class TV = float>
+void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
+            std::int64_t nk, float* acc, std::int64_t acc_stride) {
+  const VRun<TV> one{vp, 0, nk};
+  PvRows<O, TV>(R, C, p, p_stride, &one, 1, 0, cw, acc, acc_stride);
 }
 
 CPUATTN_NAMESPACE_END

@@ -373,19 +373,27 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
           detail::with_elem(p.v.dtype, [&](auto t) {
             using T = decltype(t);
             const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
-            for (std::int64_t j0 = 0; j0 < nk_live;) {
-              const std::int64_t nj = std::min({step, nk_live - j0, p.page_run(kb0 + j0)});
-              const T* V =
-                  static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1];
+            // A step's keys in runs that share a page (one run without pages), so the P V tile
+            // keeps its accumulators in registers across a paged block's pages.
+            VRun<T> vruns[O::kBlockKeys];
+            for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
+              const std::int64_t s1 = std::min(nk_live, s0 + step);
+              int nv = 0;
+              for (std::int64_t j0 = s0; j0 < s1; ++nv) {
+                const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
+                vruns[nv] = {static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) +
+                                 hkj * p.v.s[1],
+                             j0, nj};
+                j0 += nj;
+              }
               for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
                 const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
                 for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
                   const int R = std::min(O::kPvRows, r_hi - r0);
-                  PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk + j0, g.Nk,
-                               V + c0, p.v.s[2], nj, acc + r0 * g.DvP + c0, g.DvP);
+                  PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vruns, nv,
+                               c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
                 }
               }
-              j0 += nj;
             }
           });
           continue;
