@@ -8,7 +8,6 @@ files and mutates them; tools/fuzz runs on a copy, so fuzzing never writes here.
 """
 import io
 import os
-import shutil
 import struct
 
 import numpy as np
@@ -18,8 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def write_seeds(target, seeds):
     out = os.path.join(HERE, "corpus", target)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    # Regression inputs (regress-*, added by hand from crashes) stay; the generated seeds are
+    # rewritten.
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if not name.startswith("regress-"):
+            os.remove(os.path.join(out, name))
     for name, data in seeds.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
@@ -88,6 +91,7 @@ def main():
     write_seeds("fuzz_validate", decision_seeds(6, 64))
     write_seeds("fuzz_attention_diff", decision_seeds(6, 96))
     write_seeds("fuzz_kvcache", decision_seeds(6, 128))
+    write_seeds("fuzz_paged", decision_seeds(6, 96))
 
 
 if __name__ == "__main__":
