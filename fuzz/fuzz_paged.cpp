@@ -70,16 +70,12 @@ double value_of(const std::vector<unsigned char>& buf, DType dt, std::size_t i, 
       std::memcpy(&x, &buf[i * 4], 4);
       return x;
     }
-    case DType::bf16: {
+    case DType::bf16:
+    case DType::f16: {
       std::uint16_t h;
       std::memcpy(&h, &buf[i * 2], 2);
-      const std::uint32_t u = std::uint32_t{h} << 16;
-      float x;
-      std::memcpy(&x, &u, 4);
-      return x;
+      return dt == DType::bf16 ? from_bf16(h) : from_f16(h);
     }
-    case DType::f16:
-      return 1.0;  // |f16 of a value in [-1, 1]| <= 1
     default:
       return static_cast<std::int8_t>(buf[i]) * static_cast<double>(scale);
   }
