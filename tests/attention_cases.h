@@ -280,20 +280,24 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
     EXPECT_EQ(std::memcmp(want.buf.data(), want2.buf.data(), want.buf.size() * 4), 0)
         << "the reference on stored dtypes differs from the reference on their f32 values";
   }
-  // With bf16 Q, K and V on AVX512-BF16 the probabilities are rounded to bf16 before P V: each
-  // term of sum_j p_j v_j / l is off by at most u_bf16 = 2^-8 relative, so out by at most
-  // u_bf16 * max |v| (V here is in [-1, 1]).
-  const bool native = c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16 &&
-                      std::string(active_bf16_path(&ctx)) == "avx512_bf16";
-  const double p_round = native ? unit_roundoff(DType::bf16) : 0.0;
+  // With bf16 K and V on AVX512-BF16 (the native kernel: bf16 Q, or a decoding step with any Q)
+  // the probabilities are rounded to bf16 before P V: each term of sum_j p_j v_j / l is off by at
+  // most u_bf16 = 2^-8 relative, so out by at most u_bf16 * max |v| (V here is in [-1, 1]).
+  // Decoding steps split the scaled Q into bf16 hi + lo, |q - hi - lo| < 2^-16 |q|: each score
+  // moves by at most 2^-16 scale sum_d |q_d k_d| <= 2^-16 D scale max|k| (|q| <= 1), and the
+  // weights by a factor within exp(+-2 that), so out by 2^-15 D scale max|k| max|v|.
+  const bool native =
+      c.kv_dtype == DType::bf16 && std::string(active_bf16_path(&ctx)) == "avx512_bf16";
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
+  const double p_round =
+      native ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp : 0.0;
   const double out_round = c.out_dtype == DType::f32 ? 0.0 : unit_roundoff(c.out_dtype);
 
   // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale
   // for inputs in [-1, 1]) perturbs the weights; the Lk-long weighted sum adds its own rounding.
   // Both grow like sqrt(length); exp2 adds 3e-7 relative. Outputs are averages of V in [-1, 1].
   const double eps = std::numeric_limits<float>::epsilon();
-  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-  const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
   // ALiBi moves scores by up to slope * Lk (slopes <= 0.5), and f32 rounds them relative to that.
   const double alibi_mag = c.alibi != 0 ? 0.5 * double(c.Lk) : 0.0;
   const double score_mag =

@@ -235,6 +235,45 @@ TEST(Bf16Path, CapSelectsThePath) {
   EXPECT_EQ(native, active_target(&c) == Target::avx512_bf16);
 }
 
+// The native kernel's decoding steps split the scaled Q into bf16 hi + lo (decode-inl.h). With
+// Q values that are bf16 already and scale ln 2 (the kernel scales by scale * log2(e) = 1), every
+// lo is 0 and stands in as 2^-126 with q's sign, so q * inf keys stay infinities: a key whose
+// score is -inf is dropped as in f32 (hi * inf + 0 * inf would make the row NaN), and a +inf
+// score makes the row NaN as the reference does.
+TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
+  Context ctx;
+  ctx.set_max_target(Target::avx512_bf16);
+  if (std::string(active_bf16_path(&ctx)) != "avx512_bf16") GTEST_SKIP() << "no AVX512-BF16";
+  const std::int64_t H = 4, Hkv = 1, Lk = 45, D = 64, Dv = 64;
+  std::vector<float> q = random_floats(H * D, 61);
+  for (float& x : q) x = from_bf16(to_bf16(x));
+  q[5] = -0.5f;      // head 0: key 7's +inf at d 5 gives -inf, the key drops out
+  q[D + 5] = 0.25f;  // head 1: +inf, the row is NaN
+  q[2 * D + 5] = -0.125f, q[3 * D + 5] = -1.0f;
+  std::vector<std::uint16_t> k(Hkv * Lk * D), v(Hkv * Lk * Dv);
+  const auto kf = random_floats(k.size(), 62), vf = random_floats(v.size(), 63);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = to_bf16(kf[i]);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(vf[i]);
+  k[7 * D + 5] = 0x7f80;  // +inf
+  const TensorView qv = f32_view(q.data(), {1, H, 1, D});
+  const TensorView kv = TensorView::contiguous(k.data(), DType::bf16, {1, Hkv, Lk, D});
+  const TensorView vv = TensorView::contiguous(v.data(), DType::bf16, {1, Hkv, Lk, Dv});
+  AttentionOptions o;
+  o.scale = std::log(2.0);
+  std::vector<float> out(H * Dv), want(H * Dv);
+  attention(qv, kv, vv, f32_view(out.data(), {1, H, 1, Dv}), o, &ctx);
+  reference_attention(qv, kv, vv, f32_view(want.data(), {1, H, 1, Dv}), o);
+  for (std::int64_t d = 0; d < Dv; ++d) {
+    ASSERT_TRUE(std::isfinite(want[d]));
+    ASSERT_TRUE(std::isnan(want[Dv + d]));
+    EXPECT_NEAR(out[d], want[d], 1e-2) << "head 0, d " << d;
+    EXPECT_TRUE(std::isnan(out[Dv + d])) << "head 1, d " << d << ": " << out[Dv + d];
+  }
+  // The other heads drop the key too: finite, within the native bound (2^-8 max|v| for P; the
+  // split of an exact Q adds nothing).
+  EXPECT_TRUE(all_close(out.data() + 2 * Dv, want.data() + 2 * Dv, 2 * Dv, 4e-3)) << "heads 2, 3";
+}
+
 }  // namespace
 }  // namespace cpuattn::test
 

@@ -278,6 +278,26 @@ TEST(Paged, NativeBf16PathReadsPages) {
       << active_bf16_path();
 }
 
+TEST(Paged, NativeBf16DecodeWithF32Q) {
+  // A decoding step of f32 Q over bf16 pages on the native kernel: scores on vdpbf16ps with Q
+  // split into hi + lo, P V over the pages' V rows in place. Pages of 1 make every run one key
+  // (each paired with a zero row), D 72 ends in a partial 32, Dv 96 is a 64 and a 32 group.
+  Context ctx;
+  ctx.set_max_target(Target::avx512_bf16);
+  if (std::string(active_bf16_path(&ctx)) != "avx512_bf16") GTEST_SKIP() << "no AVX512-BF16";
+  for (std::int64_t P : {1, 2, 16, 128}) {
+    SCOPED_TRACE("P " + std::to_string(P));
+    const Pool pl(8, 2, 72, 96, P, {301, 37, 0, 1}, 1, DType::bf16, 0, 29);
+    std::vector<float> want, want_lse;
+    pl.expected({}, want, want_lse);
+    std::vector<float> out(want.size(), 7.0f);
+    attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}), {}, &ctx);
+    // |out - ref| <= (2^-8 + 2^-15 D scale) max|v| (README "Reduced precision"), V in [-1, 1].
+    const double tol = std::ldexp(1.0, -8) + std::ldexp(1.0, -15) * 72 / std::sqrt(72.0);
+    EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), tol));
+  }
+}
+
 TEST(Paged, ReadmeWorkedExample) {
   // README "Paged KV cache": 4 pages of 2 tokens, one head, D = 1; row 1 of page 1 (99) lies past
   // sequence 0's length and must not be read; sequence 1 shares page 3.

@@ -61,8 +61,12 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const Choice& choice = choose(&ctx);
   const FlashKernels& fk = flash_kernels(choice);
-  const bool native_bf16 = choice.target == Target::avx512_bf16 && ps[0].q.dtype == DType::bf16 &&
-                           ps[0].k.dtype == DType::bf16;
+  // The native bf16 unit for bf16 K/V on AVX512-BF16: with bf16 Q everywhere, and with other Q
+  // dtypes for decoding steps (every problem's query rows of one K/V head fit one streamed block),
+  // whose scores and P V it runs on K/V in place; the other cases stay with the chosen provider.
+  bool native_bf16 = choice.target == Target::avx512_bf16 && ps[0].k.dtype == DType::bf16;
+  for (std::size_t i = 0; i < n && native_bf16; ++i)
+    native_bf16 = ps[i].q.dtype == DType::bf16 || ps[i].Lq * ps[i].group <= kStreamRows;
   const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
   // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the
   // split-key partial results live in the call's scratch: a steady-state call does not allocate.

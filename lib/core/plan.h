@@ -60,7 +60,10 @@ struct TaskScratch {
     const auto rows = static_cast<std::size_t>(pl.rows);
     // Each array starts at `total` and rounds it up to 16 floats (64 bytes).
     total = 0;
-    qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16;  // Qp is [rows][D], D padded
+    // Qp is [rows][D] f32, D padded to 16, then room for the native bf16 unit's hi and lo bf16
+    // copies of each row (2 x D rounded up to 32 bf16: SplitQRows, decode-inl.h).
+    qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16 +
+                (static_cast<std::size_t>(p.D) + 31) / 32 * 32;
     qp = take(rows * qp_stride);
     s = take(rows * block_keys);
     pb = take(rows * block_keys / 2);  // the native bf16 kernel's P in bf16 (bf16-inl.h)

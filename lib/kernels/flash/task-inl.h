@@ -58,8 +58,10 @@ inline constexpr std::int64_t kStreamKeys = 16;
 template <class O>
 struct NativeBf16;
 
-// kNative: Q, K and V are bf16 and the CPU has AVX512-BF16; the blocks this task packs run on
-// vdpbf16ps (bf16-inl.h), the streamed ones (decode) on the f32 path like every other dtype.
+// kNative: K and V are bf16 and the CPU has AVX512-BF16. Blocks this task packs run on vdpbf16ps
+// (bf16-inl.h) when Q is bf16 too (else on the f32 path); streamed blocks (decode) of any Q run
+// their scores on vdpbf16ps over K in place with Q split into bf16 hi + lo (decode-inl.h), and
+// their P V on vdpbf16ps over V in place when Dv is whole groups of 32 (bf16-inl.h).
 template <class O, bool kNative = false>
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
              detail::Scratch& scratch, detail::ThreadLog* log) {
@@ -132,12 +134,17 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     // one stream per block: D2 f32 -4%, bf16 -23%, D1 f32 -30%; int8 K +8% and M2 (one row per
     // block, bound by its instructions) +16%, so those keep one stream).
     const bool runs_path = p.pages != nullptr || (rows >= 2 && p.k.dtype != DType::i8);
-    const bool native = kNative && !stream;
+    const bool native = kNative && !stream && p.q.dtype == DType::bf16;
+    // P V of streamed blocks on vdpbf16ps: the accumulators are in its column order until the
+    // output (NativeBf16::PvRuns).
+    const bool native_pv = kNative && stream && g.Dv % 32 == 0;
     if constexpr (kNative) {
-      if (native)
+      if (native) {
         NativeBf16<O>::PackQ(p, b, h0, nh, pos0, rows, qs2, reinterpret_cast<std::uint16_t*>(qp));
-      else
+      } else {
         PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+        if (stream) NativeBf16<O>::SplitQRows(qp, rows, qs, p.D);
+      }
     } else {
       PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
     }
@@ -182,12 +189,15 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
         // (With several heads, each head's V is packed just before its P V.)
         if (!v_in_place && nhk == 1) PackV<O>(p, g, b, hk, kb0, nk, vp);
       } else if (first_use) {
+        bool packed = false;
         if constexpr (kNative) {
-          NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
-          NativeBf16<O>::PackV(p, g.DvP, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(vp));
-        } else {
-          PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+          if (native) {
+            NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
+            NativeBf16<O>::PackV(p, g.DvP, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(vp));
+            packed = true;
+          }
         }
+        if (!packed) PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
         if (keep_packed) packed_blocks = slot + 1;
       }
       clock.lap(Phase::pack_kv);
@@ -295,21 +305,23 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
               MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
           }
           clock.lap(Phase::mask);
-        } else if constexpr (kNative) {
-          for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
-            const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
-            const bool masked = c0 < clean_lo || c0 + W > clean_hi;
-            for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
-              const int R = std::min(O::kScoreRows, rows - r0);
-              const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
-              if (masked) {
-                NativeBf16<O>::template ScoreRows<true>(R, qrows, qs2, dp2, panel, qscale,
-                                                        s + r0 * g.Nk + c0, g.Nk,
-                                                        static_cast<std::int32_t>(c0), rm + r0, mi);
-              } else {
-                NativeBf16<O>::template ScoreRows<false>(
-                    R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
-                    static_cast<std::int32_t>(c0), rm + r0, mi);
+        } else if (native) {
+          if constexpr (kNative) {
+            for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+              const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
+              const bool masked = c0 < clean_lo || c0 + W > clean_hi;
+              for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+                const int R = std::min(O::kScoreRows, rows - r0);
+                const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
+                if (masked) {
+                  NativeBf16<O>::template ScoreRows<true>(
+                      R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
+                      static_cast<std::int32_t>(c0), rm + r0, mi);
+                } else {
+                  NativeBf16<O>::template ScoreRows<false>(
+                      R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
+                      static_cast<std::int32_t>(c0), rm + r0, mi);
+                }
               }
             }
           }
@@ -354,6 +366,35 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
               }
             }
             clock.lap(Phase::pv);
+            continue;
+          }
+        }
+        if constexpr (kNative) {
+          if (native_pv) {
+            for (int r = r_lo; r < r_hi; ++r)
+              NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
+            // Steps of kStreamKeys keys, each step's runs in one call per column range, as the f32
+            // path below does.
+            VRun<detail::Bf16> vruns[O::kBlockKeys];
+            for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
+              const std::int64_t s1 = std::min(nk_live, s0 + kStreamKeys);
+              int nv = 0;
+              for (std::int64_t j0 = s0; j0 < s1; ++nv) {
+                const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
+                vruns[nv] = {static_cast<const detail::Bf16*>(p.v.data) +
+                                 p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1],
+                             j0, nj};
+                j0 += nj;
+              }
+              for (std::int64_t c0 = 0; c0 < g.Dv; c0 += 64) {
+                const int groups = g.Dv - c0 >= 64 ? 2 : 1;
+                for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+                  const int R = std::min(O::kPvRows, r_hi - r0);
+                  NativeBf16<O>::PvRuns(R, groups, pb + r0 * g.Nk, g.Nk, vruns, nv, c0, p.v.s[2],
+                                        acc + r0 * g.DvP + c0, g.DvP);
+                }
+              }
+            }
             continue;
           }
         }
@@ -413,6 +454,9 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     }
 
     // 4. Normalize once, or hand the unnormalized state to the merge.
+    if constexpr (kNative) {
+      if (native_pv) NativeBf16<O>::UnpermuteAcc(acc, rows, g.DvP, g.Dv);
+    }
     for (int r = 0; r < rows; ++r) {
       const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
       const float* arow = acc + r * g.DvP;
