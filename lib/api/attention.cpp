@@ -62,11 +62,14 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   const Choice& choice = choose(&ctx);
   const FlashKernels& fk = flash_kernels(choice);
   // The native bf16 unit for bf16 K/V on AVX512-BF16: with bf16 Q everywhere, and with other Q
-  // dtypes for decoding steps (every problem's query rows of one K/V head fit one streamed block),
-  // whose scores and P V it runs on K/V in place; the other cases stay with the chosen provider.
+  // dtypes for decoding steps of 2..kStreamRows query rows per K/V head (GQA, or a few positions),
+  // whose scores and P V it runs on K/V in place; the other cases (one row per K/V head:
+  // task-inl.h, native_pv) stay with the chosen provider.
   bool native_bf16 = choice.target == Target::avx512_bf16 && ps[0].k.dtype == DType::bf16;
-  for (std::size_t i = 0; i < n && native_bf16; ++i)
-    native_bf16 = ps[i].q.dtype == DType::bf16 || ps[i].Lq * ps[i].group <= kStreamRows;
+  for (std::size_t i = 0; i < n && native_bf16; ++i) {
+    const std::int64_t rows = ps[i].Lq * ps[i].group;
+    native_bf16 = ps[i].q.dtype == DType::bf16 || (rows >= 2 && rows <= kStreamRows);
+  }
   const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
   // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the
   // split-key partial results live in the call's scratch: a steady-state call does not allocate.

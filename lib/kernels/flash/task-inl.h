@@ -136,14 +136,16 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     const bool runs_path = p.pages != nullptr || (rows >= 2 && p.k.dtype != DType::i8);
     const bool native = kNative && !stream && p.q.dtype == DType::bf16;
     // P V of streamed blocks on vdpbf16ps: the accumulators are in its column order until the
-    // output (NativeBf16::PvRuns).
-    const bool native_pv = kNative && stream && g.Dv % 32 == 0;
+    // output (NativeBf16::PvRuns). Not for one row per K/V head (MHA decoding, M2): that step is
+    // bound by memory (83% of the read probe), and the native scores and P V measured 5-10%
+    // slower there (Zen 4, B8 H12 Lk4097 D64, 4 alternating runs), so it keeps the f32 path.
+    const bool native_pv = kNative && stream && head_rows >= 2 && g.Dv % 32 == 0;
     if constexpr (kNative) {
       if (native) {
         NativeBf16<O>::PackQ(p, b, h0, nh, pos0, rows, qs2, reinterpret_cast<std::uint16_t*>(qp));
       } else {
         PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
-        if (stream) NativeBf16<O>::SplitQRows(qp, rows, qs, p.D);
+        if (stream && head_rows >= 2) NativeBf16<O>::SplitQRows(qp, rows, qs, p.D);
       }
     } else {
       PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
