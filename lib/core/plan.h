@@ -56,14 +56,15 @@ struct TaskScratch {
   std::size_t qp, qp_stride, s, pb, acc, m, l, rm, kv, total;
   CPUATTN_ALWAYS_INLINE TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys,
                                     std::int64_t block_keys, std::int64_t dv_padded,
-                                    bool keep_packed) {
+                                    bool keep_packed, bool native_q = false) {
     const auto rows = static_cast<std::size_t>(pl.rows);
     // Each array starts at `total` and rounds it up to 16 floats (64 bytes).
     total = 0;
-    // Qp is [rows][D] f32, D padded to 16, then room for the native bf16 unit's hi and lo bf16
-    // copies of each row (2 x D rounded up to 32 bf16: SplitQRows, decode-inl.h).
+    // Qp is [rows][D] f32, D padded to 16; in the native bf16 unit (native_q) each row is followed
+    // by its hi and lo bf16 copies (2 x D rounded up to 32 bf16: SplitQRows, decode-inl.h). Only
+    // there: the wider rows cost S1 and X1 (f32, D 64) about 2% in the f32 units.
     qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16 +
-                (static_cast<std::size_t>(p.D) + 31) / 32 * 32;
+                (native_q ? (static_cast<std::size_t>(p.D) + 31) / 32 * 32 : 0);
     qp = take(rows * qp_stride);
     s = take(rows * block_keys);
     pb = take(rows * block_keys / 2);  // the native bf16 kernel's P in bf16 (bf16-inl.h)

@@ -96,7 +96,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   const bool keep_packed = qb1 - qb0 > 1;
 
   // Scratch: Qp, S, Acc, m, l, row masks, then the packed K/V blocks.
-  const detail::TaskScratch ts(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed);
+  const detail::TaskScratch ts(p, pl, k1 - k0, g.Nk, g.DvP, keep_packed, kNative);
   float* base = scratch.get(ts.total);
   float* qp = base + ts.qp;
   const std::int64_t qs = static_cast<std::int64_t>(ts.qp_stride);
