@@ -31,6 +31,7 @@
 
 #include "attention_problem.h"
 #include "cpuattn/cpuattn.h"
+#include "fuzz_contexts.h"
 #include "fuzz_util.h"
 
 namespace cpuattn::fuzz {
@@ -39,21 +40,6 @@ namespace {
 constexpr double kEps = std::numeric_limits<float>::epsilon();
 constexpr double kHuge = 0x1p100;  // beyond this, a row's f32 arithmetic may overflow
 constexpr double kLog2e = 1.4426950408889634;
-
-// One context per (provider, target, thread count).
-Context* context(Simd simd, Target t, int threads) {
-  static Context* cs = [] {
-    static Context all[] = {Context(1), Context(1), Context(1), Context(1), Context(2), Context(2),
-                            Context(2), Context(2), Context(1), Context(1), Context(1), Context(1),
-                            Context(2), Context(2), Context(2), Context(2)};
-    for (int i = 0; i < 16; ++i) {
-      all[i].set_max_target(static_cast<Target>(i % 4));
-      all[i].set_simd(i < 8 ? Simd::highway : Simd::xsimd);
-    }
-    return all;
-  }();
-  return &cs[static_cast<int>(t) + 4 * (threads - 1) + 8 * static_cast<int>(simd)];
-}
 
 // A tensor's elements as dense doubles [n0][n1][n2][n3], for the oracle's loops.
 struct Dense {
@@ -201,7 +187,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   AttentionOptions fast_opts = opts;
   if (ask_lse) fast_opts.lse = f32_view(lse.data(), {p.B, p.H, p.Lq});
   if (ask_weights) fast_opts.weights = f32_view(w.data(), {p.B, p.H, p.Lq, p.Lk});
-  Context* ctx = context(simd, target, threads);
+  Context* ctx = fuzz_context(simd, target, threads);
   attention(p.q.in(), p.k.in(), p.v.in(), out.out(), fast_opts, ctx);
 
   for (std::int64_t row = 0; row < rows; ++row) {

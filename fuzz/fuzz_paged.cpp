@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
+#include "fuzz_contexts.h"
 #include "fuzz_util.h"
 
 namespace cpuattn::fuzz {
@@ -35,17 +36,11 @@ namespace {
 
 constexpr double kEps = std::numeric_limits<float>::epsilon();
 
-// One context per (target, threads): scalar, sse4, avx2, avx512, avx512_bf16 (capped to what the
-// CPU has; the last runs bf16 pages on the native kernel).
+// Target caps scalar, sse4, avx2, avx512 and avx512_bf16 (the last runs bf16 pages on the native
+// kernel where the CPU has it).
 constexpr int kTargets = 5;
 Context* context(int target, int threads) {
-  static Context* cs = [] {
-    static Context all[2 * kTargets] = {Context(1), Context(1), Context(1), Context(1), Context(1),
-                                        Context(2), Context(2), Context(2), Context(2), Context(2)};
-    for (int i = 0; i < 2 * kTargets; ++i) all[i].set_max_target(static_cast<Target>(i % kTargets));
-    return all;
-  }();
-  return &cs[target + kTargets * (threads - 1)];
+  return fuzz_context(Simd::highway, static_cast<Target>(target), threads);
 }
 
 void store(std::vector<unsigned char>& buf, DType dt, std::size_t i, float x) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
+#include "fuzz_contexts.h"
 #include "fuzz_util.h"
 #include "guarded.h"
 
@@ -379,14 +380,9 @@ void describe(const Arg* a, const Call& c, const Context* ctx, const std::string
 }
 
 Context* pick_context(Reader& in) {
-  static Context* contexts = [] {
-    static Context cs[] = {Context(1), Context(1), Context(1), Context(1), Context(2)};
-    const Target ts[] = {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best};
-    for (int i = 0; i < 5; ++i) cs[i].set_max_target(ts[i]);
-    return cs;
-  }();
+  const Target ts[] = {Target::scalar, Target::sse4, Target::avx2, Target::avx512, Target::best};
   const int i = static_cast<int>(in.range(0, 5));
-  return i == 5 ? nullptr : &contexts[i];
+  return i == 5 ? nullptr : fuzz_context(Simd::highway, ts[i], i == 4 ? 2 : 1);
 }
 
 }  // namespace
