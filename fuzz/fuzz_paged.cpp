@@ -180,8 +180,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             threads = static_cast<int>(in.range(1, 2));
   // bf16 pages on the native kernel (README "Reduced precision"): P rounded to bf16 (2^-8) and,
   // in decoding steps, Q split into bf16 hi + lo (2^-15 D scale max|q| max|k|, both <= 1 here).
-  const bool native =
-      dt == DType::bf16 && std::string(active_bf16_path(context(target, threads))) == "avx512_bf16";
+  // int8 pages there: decoding steps' P V on VNNI, weights quantized per block of 128 keys, out
+  // off by 2^-9 max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1]
+  // / 127 (vmax >= max|code| 0.5 / 127, and the error scales with max|code| too).
+  const bool native_unit = std::string(active_bf16_path(context(target, threads))) == "avx512_bf16";
+  const bool native = dt == DType::bf16 && native_unit;
+  const bool native_i8 = dt == DType::i8 && native_unit;
 
   PagedKv kv;
   kv.k_pages = TensorView::contiguous(kp.data(), dt, {num_pages, Hkv, P, D});
@@ -266,7 +270,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (float s : sinks) smax = std::fmax(smax, std::fabs(s));
     const double score_mag = std::sqrt(double(D)) + (o.sinks ? smax : 0) + (o.alibi ? len : 0);
     const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(D));
-    const double p_native = native ? 0x1p-8 + 0x1p-15 * double(D) * scale : 0.0;
+    const double p_native = native      ? 0x1p-8 + 0x1p-15 * double(D) * scale
+                            : native_i8 ? 0x1p-8
+                                        : 0.0;
     const double atol =
         vmax *
         (8 * kEps * (std::sqrt(double(len)) + std::sqrt(double(D)) * score_mag) + 1e-6 + p_native);

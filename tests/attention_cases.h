@@ -286,12 +286,18 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
   // Decoding steps split the scaled Q into bf16 hi + lo, |q - hi - lo| < 2^-16 |q|: each score
   // moves by at most 2^-16 scale sum_d |q_d k_d| <= 2^-16 D scale max|k| (|q| <= 1), and the
   // weights by a factor within exp(+-2 that), so out by 2^-15 D scale max|k| max|v|.
-  const bool native =
-      c.kv_dtype == DType::bf16 && std::string(active_bf16_path(&ctx)) == "avx512_bf16";
+  // int8 V in those decoding steps runs P V on VNNI: each block's weights p_j vscale_j are
+  // quantized to int16 against the block's largest, off by at most 2^-16 of it, so out moves by
+  // at most (block keys, 128) 2^-16 max|v| = 2^-9 max|v| (NativeBf16::QuantWeightRow).
+  const bool native_path = std::string(active_bf16_path(&ctx)) == "avx512_bf16";
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
   const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
   const double p_round =
-      native ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp : 0.0;
+      !native_path ? 0.0
+      : c.kv_dtype == DType::bf16
+          ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp
+      : c.kv_dtype == DType::i8 ? std::ldexp(1.0, -9)
+                                : 0.0;
   const double out_round = c.out_dtype == DType::f32 ? 0.0 : unit_roundoff(c.out_dtype);
 
   // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale

@@ -220,6 +220,32 @@ TEST_P(DtypeGrid, LongKeysAndMovingMax) {
   }
 }
 
+// Decoding steps over int8 K/V with 2..8 query rows per K/V head: on AVX512-BF16 machines their
+// P V runs on VNNI (NativeBf16::PvRunsI8), two keys per lane, so odd key counts pair their last
+// key with a zero row; 64- and 32-column groups; every row has its own weight scale; a window
+// leaves some rows of a block with no key (scale 0). Short key ranges, where one lost key would
+// move the output by far more than the 2^-9 bound.
+TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
+  int n = 0;
+  for (std::int64_t group : {2, 3, 4, 8})
+    for (std::int64_t Lk : {1, 2, 3, 31, 129, 300})
+      for (std::int64_t Dv : {32, 96}) {
+        Case c;
+        c.kv_dtype = DType::i8;
+        c.B = 2, c.Hkv = 2, c.H = 2 * group, c.Lq = 1, c.Lk = Lk, c.D = 40, c.Dv = Dv;
+        c.mask = n % 3 == 1 ? MaskCase::key_lengths : MaskCase::none;
+        if (n % 3 == 2) c.window_left = 5, c.window_right = 0;
+        c.misalign = n % 2;
+        ++n;
+        check_case(c, GetParam());
+      }
+  Case c;
+  c.kv_dtype = DType::i8;
+  c.B = 1, c.H = 4, c.Hkv = 2, c.Lq = 1, c.Lk = 140, c.D = 33, c.Dv = 64;
+  c.specials = true;
+  check_case(c, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeGrid, ::testing::ValuesIn(dtype_backends()),
                          [](const auto& info) { return info.param.name(); });
 
@@ -272,6 +298,40 @@ TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
   // The other heads drop the key too: finite, within the native bound (2^-8 max|v| for P; the
   // split of an exact Q adds nothing).
   EXPECT_TRUE(all_close(out.data() + 2 * Dv, want.data() + 2 * Dv, 2 * Dv, 4e-3)) << "heads 2, 3";
+}
+
+// int8 V on the native decoding loop (VNNI P V) with an infinite and a NaN per-token scale: the
+// quantized weights cannot hold them, so those rows take the f32 loop and give the reference's
+// infinities and NaNs column by column (a zero V element times an infinite scale is NaN, the
+// others +-inf); the other rows stay within 2^-9 max|v|.
+TEST(NativeInt8Decode, NonFiniteScalesMatchF32) {
+  Context ctx;
+  ctx.set_max_target(Target::avx512_bf16);
+  if (std::string(active_bf16_path(&ctx)) != "avx512_bf16") GTEST_SKIP() << "no AVX512-BF16";
+  const std::int64_t H = 8, Hkv = 2, Lk = 37, D = 48, Dv = 64;
+  const std::vector<float> q = random_floats(H * D, 71);
+  std::vector<std::int8_t> k(Hkv * Lk * D), v(Hkv * Lk * Dv);
+  const auto kf = random_floats(k.size(), 72, -127, 127),
+             vf = random_floats(v.size(), 73, -127, 127);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::int8_t>(kf[i]);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int8_t>(vf[i]);
+  v[(0 * Lk + 11) * Dv + 3] = 0;  // 0 * inf: NaN in column 3 of K/V head 0's rows
+  std::vector<float> ks = random_floats(Hkv * Lk, 74, 0.001f, 0.01f);
+  std::vector<float> vs = random_floats(Hkv * Lk, 75, 0.001f, 0.01f);
+  vs[0 * Lk + 11] = std::numeric_limits<float>::infinity();
+  vs[1 * Lk + 30] = std::numeric_limits<float>::quiet_NaN();
+  const TensorView qv = f32_view(q.data(), {1, H, 1, D});
+  const TensorView kv = TensorView::contiguous(k.data(), DType::i8, {1, Hkv, Lk, D});
+  const TensorView vv = TensorView::contiguous(v.data(), DType::i8, {1, Hkv, Lk, Dv});
+  AttentionOptions o;
+  o.k_scales = f32_view(ks.data(), {1, Hkv, Lk});
+  o.v_scales = f32_view(vs.data(), {1, Hkv, Lk});
+  std::vector<float> out(H * Dv, 7.0f), want(H * Dv);
+  attention(qv, kv, vv, f32_view(out.data(), {1, H, 1, Dv}), o, &ctx);
+  reference_attention(qv, kv, vv, f32_view(want.data(), {1, H, 1, Dv}), o);
+  ASSERT_TRUE(std::isnan(want[3]) && std::isinf(want[4]) && std::isnan(want[4 * Dv + 4]));
+  // |v| <= 127 * 0.01 = 1.27
+  EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), std::ldexp(1.27, -9)));
 }
 
 }  // namespace

@@ -278,24 +278,29 @@ TEST(Paged, NativeBf16PathReadsPages) {
       << active_bf16_path();
 }
 
-TEST(Paged, NativeBf16DecodeWithF32Q) {
+TEST(Paged, NativeDecodeWithF32Q) {
   // A decoding step of f32 Q over bf16 pages on the native kernel: scores on vdpbf16ps with Q
-  // split into hi + lo, P V over the pages' V rows in place. Pages of 1 make every run one key
-  // (each paired with a zero row), D 72 ends in a partial 32, Dv 96 is a 64 and a 32 group.
+  // split into hi + lo, P V over the pages' V rows in place; over int8 pages, P V on VNNI. Pages
+  // of 1 make every run one key (each paired with a zero row), D 72 ends in a partial 32, Dv 96
+  // is a 64 and a 32 group.
   Context ctx;
   ctx.set_max_target(Target::avx512_bf16);
   if (std::string(active_bf16_path(&ctx)) != "avx512_bf16") GTEST_SKIP() << "no AVX512-BF16";
-  for (std::int64_t P : {1, 2, 16, 128}) {
-    SCOPED_TRACE("P " + std::to_string(P));
-    const Pool pl(8, 2, 72, 96, P, {301, 37, 0, 1}, 1, DType::bf16, 0, 29);
-    std::vector<float> want, want_lse;
-    pl.expected({}, want, want_lse);
-    std::vector<float> out(want.size(), 7.0f);
-    attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}), {}, &ctx);
-    // |out - ref| <= (2^-8 + 2^-15 D scale) max|v| (README "Reduced precision"), V in [-1, 1].
-    const double tol = std::ldexp(1.0, -8) + std::ldexp(1.0, -15) * 72 / std::sqrt(72.0);
-    EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), tol));
-  }
+  for (DType dt : {DType::bf16, DType::i8})
+    for (std::int64_t P : {1, 2, 16, 128}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " P " + std::to_string(P));
+      const Pool pl(8, 2, 72, 96, P, {301, 37, 0, 1}, 1, dt, 0, 29);
+      std::vector<float> want, want_lse;
+      pl.expected({}, want, want_lse);
+      std::vector<float> out(want.size(), 7.0f);
+      attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}), {}, &ctx);
+      // README "Reduced precision", V in [-1, 1]: bf16 |out - ref| <= (2^-8 + 2^-15 D scale)
+      // max|v|; int8 (against the dequantized values) 2^-9 max|v|, plus f32's rounding.
+      const double tol = dt == DType::bf16
+                             ? std::ldexp(1.0, -8) + std::ldexp(1.0, -15) * 72 / std::sqrt(72.0)
+                             : std::ldexp(1.0, -9) + 1e-5;
+      EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), tol));
+    }
 }
 
 TEST(Paged, ReadmeWorkedExample) {

@@ -65,10 +65,14 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   // dtypes for decoding steps of 2..kStreamRows query rows per K/V head (GQA, or a few positions),
   // whose scores and P V it runs on K/V in place; the other cases (one row per K/V head:
   // task-inl.h, native_pv) stay with the chosen provider.
-  bool native_bf16 = choice.target == Target::avx512_bf16 && ps[0].k.dtype == DType::bf16;
+  // The same decoding steps over int8 K/V run their P V on VNNI there (vpdpwssd: NativeBf16::
+  // PvRunsI8 in bf16-inl.h; their scores are the f32 loop's, which VNNI did not speed up).
+  const DType kv = ps[0].k.dtype;
+  bool native_bf16 = choice.target == Target::avx512_bf16 && (kv == DType::bf16 || kv == DType::i8);
   for (std::size_t i = 0; i < n && native_bf16; ++i) {
     const std::int64_t rows = ps[i].Lq * ps[i].group;
-    native_bf16 = ps[i].q.dtype == DType::bf16 || (rows >= 2 && rows <= kStreamRows);
+    native_bf16 =
+        (kv == DType::bf16 && ps[i].q.dtype == DType::bf16) || (rows >= 2 && rows <= kStreamRows);
   }
   const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
   // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the

@@ -37,6 +37,9 @@ std::int64_t excluded_by(Target cap) {
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  // AVX512-VNNI too (leaf 7 subleaf 0, ECX bit 11; the native unit's int8 P V uses it):
+  // every CPU with AVX512-BF16 so far has it (Cooper Lake, Sapphire Rapids, Zen 4).
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 11)) == 0) return false;
   if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
   return (eax & (1u << 5)) != 0;
 #else
@@ -60,8 +63,8 @@ Choice compute(Target cap, Simd provider) {
              : (best & HWY_AVX2) != 0               ? Target::avx2
              : (best & (HWY_SSE4 | HWY_SSSE3)) != 0 ? Target::sse4
                                                     : Target::scalar;
-  // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) on top of the
-  // AVX-512 target Highway found, and a cap that admits it.
+  // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
+  // the AVX-512 target Highway found, and a cap that admits it.
   if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
       cpu_has_avx512_bf16())
     c.target = Target::avx512_bf16;

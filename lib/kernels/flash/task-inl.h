@@ -21,6 +21,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -134,18 +135,21 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     // one stream per block: D2 f32 -4%, bf16 -23%, D1 f32 -30%; int8 K +8% and M2 (one row per
     // block, bound by its instructions) +16%, so those keep one stream).
     const bool runs_path = p.pages != nullptr || (rows >= 2 && p.k.dtype != DType::i8);
-    const bool native = kNative && !stream && p.q.dtype == DType::bf16;
+    const bool native = kNative && !stream && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16;
     // P V of streamed blocks on vdpbf16ps: the accumulators are in its column order until the
     // output (NativeBf16::PvRuns). Not for one row per K/V head (MHA decoding, M2): that step is
     // bound by memory (83% of the read probe), and the native scores and P V measured 5-10%
     // slower there (Zen 4, B8 H12 Lk4097 D64, 4 alternating runs), so it keeps the f32 path.
-    const bool native_pv = kNative && stream && head_rows >= 2 && g.Dv % 32 == 0;
+    // int8 V there goes on VNNI (NativeBf16::PvRunsI8), with the same column order.
+    const bool native_pv = kNative && stream && head_rows >= 2 &&
+                           (p.v.dtype == DType::bf16 || p.v.dtype == DType::i8) && g.Dv % 32 == 0;
     if constexpr (kNative) {
       if (native) {
         NativeBf16<O>::PackQ(p, b, h0, nh, pos0, rows, qs2, reinterpret_cast<std::uint16_t*>(qp));
       } else {
         PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
-        if (stream && head_rows >= 2) NativeBf16<O>::SplitQRows(qp, rows, qs, p.D);
+        if (stream && head_rows >= 2 && p.k.dtype == DType::bf16)
+          NativeBf16<O>::SplitQRows(qp, rows, qs, p.D);
       }
     } else {
       PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
@@ -371,7 +375,58 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
             continue;
           }
         }
+        // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
+        const auto scale_p_by_v = [&] {
+          for (std::int64_t j0 = 0; j0 < nk_live;) {
+            const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+            const float* vs =
+                p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hkj * p.v_scale_s[1];
+            // Scales one per key in a row (the usual [B, Hkv, Lk] layout): whole vectors first
+            // (a scalar loop was about 4% of D2's time with an int8 cache, 1 thread).
+            const std::int64_t nv = p.v_scale_s[2] == 1 ? nj / N * N : 0;
+            for (int r = r_lo; r < r_hi; ++r) {
+              float* sr = s + r * g.Nk + j0;
+              for (std::int64_t jj = 0; jj < nv; jj += N)
+                O::StoreU(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), sr + jj);
+              for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] *= vs[jj * p.v_scale_s[2]];
+            }
+            j0 += nj;
+          }
+        };
         if constexpr (kNative) {
+          if (native_pv && p.v.dtype == DType::i8) {
+            scale_p_by_v();
+            auto* w = reinterpret_cast<std::int16_t*>(pb);
+            float f[kStreamRows];
+            unsigned exact_rows = 0;  // rows with a non-finite weight: PvRunsI8Exact
+            for (int r = r_lo; r < r_hi; ++r) {
+              f[r - r_lo] = NativeBf16<O>::QuantWeightRow(s + r * g.Nk, nk_live, w + r * g.Nk);
+              if (std::isnan(f[r - r_lo])) f[r - r_lo] = 0.0f, exact_rows |= 1u << (r - r_lo);
+            }
+            // The block's runs in one call per 64 columns: the int32 sums span the block.
+            VRun<std::int8_t> vruns[O::kBlockKeys];
+            int nv = 0;
+            for (std::int64_t j0 = 0; j0 < nk_live; ++nv) {
+              const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+              vruns[nv] = {static_cast<const std::int8_t*>(p.v.data) +
+                               p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1],
+                           j0, nj};
+              j0 += nj;
+            }
+            for (std::int64_t c0 = 0; c0 < g.Dv; c0 += 64) {
+              const int groups = g.Dv - c0 >= 64 ? 2 : 1;
+              for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+                const int R = std::min(O::kPvRows, r_hi - r0);
+                NativeBf16<O>::PvRunsI8(R, groups, w + r0 * g.Nk, g.Nk, f + (r0 - r_lo), vruns, nv,
+                                        c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
+              }
+            }
+            for (int r = r_lo; r < r_hi; ++r)
+              if ((exact_rows >> (r - r_lo)) & 1u)
+                NativeBf16<O>::PvRunsI8Exact(s + r * g.Nk, vruns, nv, g.Dv, p.v.s[2],
+                                             acc + r * g.DvP);
+            continue;
+          }
           if (native_pv) {
             for (int r = r_lo; r < r_hi; ++r)
               NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
@@ -401,18 +456,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
           }
         }
         if (v_in_place) {
-          if (p.v_scale != nullptr) {
-            // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
-            for (std::int64_t j0 = 0; j0 < nk_live;) {
-              const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
-              const float* vs =
-                  p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hkj * p.v_scale_s[1];
-              for (int r = r_lo; r < r_hi; ++r)
-                for (std::int64_t jj = 0; jj < nj; ++jj)
-                  s[r * g.Nk + j0 + jj] *= vs[jj * p.v_scale_s[2]];
-              j0 += nj;
-            }
-          }
+          if (p.v_scale != nullptr) scale_p_by_v();
           detail::with_elem(p.v.dtype, [&](auto t) {
             using T = decltype(t);
             const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
