@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "core/dtypes.h"
+#include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
 #include "simd/x86-inl.h"
@@ -181,10 +182,10 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
       if (vpf != nullptr) {
         for (int g = 0; g < 4 && j + 16 + g < k_valid; ++g)
           for (std::int64_t off = 0; off < D * static_cast<std::int64_t>(sizeof(T)); off += 64)
-            __builtin_prefetch(reinterpret_cast<const char*>(k + (j + 16 + g) * ks) + off, 0, 3);
+            detail::Prefetch<3>(reinterpret_cast<const char*>(k + (j + 16 + g) * ks) + off);
         for (int g = 0; g < 4; ++g)
           for (std::int64_t off = 0; off < vpf_bytes; off += 64)
-            __builtin_prefetch(vpf + (j + g) * vpf_stride + off, 0, 3);
+            detail::Prefetch<3>(vpf + (j + g) * vpf_stride + off);
       }
       // The four scores of each row leave as one 128-bit vector: the epilogue per key (tail,
       // scale, store) cost as many operations as the key's FMAs (int8 K, D2 on one thread).
@@ -267,7 +268,7 @@ CPUATTN_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D, 
   Dot4<O, R, T>(qd, dp, D, k4, sum);
   for (int g = 0; g < 4; ++g)
     for (std::int64_t off = 0; off < v_bytes; off += 64)
-      __builtin_prefetch(g4[g].v + t * v_stride + off, 0, 1);
+      detail::Prefetch<1>(g4[g].v + t * v_stride + off);
   const bool scaled = g4[0].kscale != nullptr;
   const __m128 sc = !scaled ? _mm_set1_ps(1.0f)
                             : _mm_setr_ps(g4[0].kscale[t * kss], g4[1].kscale[t * kss],
@@ -319,7 +320,7 @@ void DotScoresRunsR(const float* qd, std::int64_t dp, std::int64_t D, const KeyR
       for (int g = whole; g < nruns + nahead; ++g)
         if (t < runs[g].n)
           for (std::int64_t off = 0; off < kbytes; off += 64)
-            __builtin_prefetch(reinterpret_cast<const char*>(runs[g].k + t * ks) + off, 0, 1);
+            detail::Prefetch<1>(reinterpret_cast<const char*>(runs[g].k + t * ks) + off);
     }
     for (int q = 0; q < whole; ++q)
       if (runs[q].n > common)

@@ -13,6 +13,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
 
@@ -42,8 +43,8 @@ inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk
   for (std::int64_t j = j0; j < j0 + nk; ++j) {
     const char* krow = K + p.key_off(p.k.s, b, j) * ek;
     const char* vrow = V + p.key_off(p.v.s, b, j) * ev;
-    for (std::int64_t off = 0; off < p.D * ek; off += 64) __builtin_prefetch(krow + off, 0, 2);
-    for (std::int64_t off = 0; off < p.Dv * ev; off += 64) __builtin_prefetch(vrow + off, 0, 2);
+    for (std::int64_t off = 0; off < p.D * ek; off += 64) detail::Prefetch<2>(krow + off);
+    for (std::int64_t off = 0; off < p.Dv * ev; off += 64) detail::Prefetch<2>(vrow + off);
   }
 }
 

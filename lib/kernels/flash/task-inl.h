@@ -37,6 +37,7 @@
 #include "kernels/flash/score-inl.h"
 #include "kernels/flash/softmax-inl.h"
 #include "simd/contract.h"
+#include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -182,10 +183,11 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       // Other dtypes are widened in the P V tile as they are loaded (int8's scale goes into P).
       const bool v_in_place = stream && g.DvP == g.Dv;
       const bool first_use = !keep_packed || slot >= packed_blocks;
-      // (Paged decode prefetches its next runs itself: DotScoresRuns.)
-      if (first_use && !(stream && runs_path)) {
-        // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
-        // work instead of stalling a later one (+25% on X1 measured; decode unchanged).
+      // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
+      // work instead of stalling a later one. Streamed blocks (decode) prefetch their own rows
+      // as they read them (DotScores, DotScoresRuns): this on top cost contiguous int8 decoding
+      // 15% (G1c, Zen 5, 1 and 2 threads), its instructions and the second request per line.
+      if (first_use && !stream) {
         if (kb0 == kb_first)
           PrefetchKV(p, b, hk, kb0 + g.Nk, std::clamp<std::int64_t>(k1 - kb0 - g.Nk, 0, g.Nk));
         if (kb0 + 2 * g.Nk < k1)
@@ -276,12 +278,36 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                   j0 += nj;
                 }
               };
+              // int8 scales of the keys read next: with pages, each (page, head) has its own
+              // P * 4 bytes at its own place in the scale pools, which no hardware prefetcher
+              // predicts, so without this every page cost two demand misses from DRAM (K's scale
+              // in the scores, V's in scale_p_by_v).
+              const auto prefetch_scales = [&](std::int64_t j0, std::int64_t j1,
+                                               std::int64_t head) {
+                if (p.k_scale == nullptr || p.pages == nullptr) return;
+                for (const auto& [sc, ss] :
+                     {std::pair{p.k_scale, p.k_scale_s}, std::pair{p.v_scale, p.v_scale_s}}) {
+                  if (sc == nullptr) continue;
+                  for (std::int64_t jj = j0; jj < j1;) {
+                    const std::int64_t nj = std::min(j1 - jj, p.page_run(kb0 + jj));
+                    const char* first = reinterpret_cast<const char*>(
+                        sc + p.key_off(ss, b, kb0 + jj) + head * ss[1]);
+                    const std::int64_t bytes = ((nj - 1) * ss[2] + 1) * 4;
+                    for (std::int64_t off = 0; off < bytes; off += 64)
+                      detail::Prefetch<1>(first + off);
+                    jj += nj;
+                  }
+                }
+              };
               cut(0, nk_live, O::kBlockKeys, hkj);
               const int nruns = n;
-              if (j + 1 < nhk)
+              if (j + 1 < nhk) {
                 cut(0, nk_live, 8, hkj + 1);
-              else
+                prefetch_scales(0, nk_live, hkj + 1);
+              } else {
                 cut(g.Nk, std::min(k1 - kb0, 2 * g.Nk), 8, hk);
+                prefetch_scales(g.Nk, std::min(k1 - kb0, 2 * g.Nk), hk);
+              }
               const int nahead = n - nruns;
               DotScoresRuns<O, T>(r_hi - r_lo, qp + r_lo * qs, qs, g.D, runs, nruns, nahead,
                                   p.k.s[2], p.k_scale_s[2], s + r_lo * g.Nk, g.Nk, p.v.s[2] * ev,
