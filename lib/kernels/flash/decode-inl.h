@@ -173,8 +173,8 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
       Dot4<O, R, T>(qd, dp, D, k4, sum);
       // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
       // block's scores, and a second stream in flight beside K's nearly doubles what one core
-      // pulls from DRAM (D2 with bf16 K/V, 1 thread: 33 -> 26.5 ms; prefetching whole blocks
-      // ahead into L2, PrefetchKV, changed nothing for these streamed blocks).
+      // pulls from DRAM (D2 with bf16 K/V, 1 thread: 33 -> 26.5 ms). Whole blocks ahead into L2
+      // as well (PrefetchKV) cost contiguous int8 decoding 15% (Zen 5), so streamed blocks skip it.
       // With it, the K rows 16 keys ahead (of the k_valid keys from k on that exist, so across the
       // block's end but never past the task's keys: no address outside K is formed): the
       // hardware prefetcher alone left a one-row-per-block decode (M2) latency-bound (bf16 cache:
