@@ -55,18 +55,36 @@ struct MaskInfo {
   bool transforms() const { return softcap || alibi; }
 };
 
-// Soft-cap, then the ALiBi bias, of the scores of keys col0 + lane (AttentionOptions' order).
-// The capped score is within 4e-7 cap of cap * tanh(s / cap) (simd/math-inl.h, SoftCap).
-template <class O>
-CPUATTN_INLINE typename O::V TransformScores(typename O::V s, std::int32_t col0, const RowMask& rm,
-                                             const MaskInfo& mi) {
-  if (mi.softcap) s = SoftCap<O>(s, O::Set(mi.cap), O::Set(mi.k));
-  if (mi.alibi) {
-    // |pos - j|, exact in float below 2^24 keys.
-    const auto dist = O::Abs(O::Sub(O::Set(static_cast<float>(rm.pos - col0)), O::Iota()));
-    s = O::Sub(s, O::Mul(O::Set(rm.slope), dist));
+// Soft-cap, then the ALiBi bias (AttentionOptions' order), of a tile of R x C score vectors in
+// registers, x[r][c] holding keys col0 + c * kLanes + lane of row r. The capped score is within
+// 4e-7 cap of cap * tanh(s / cap) (simd/math-inl.h, SoftCap). One branch per variant for the
+// whole tile, so that the unrolled epilogue is one straight run in which the broadcast constants
+// are formed once (a branch per vector made the compiler form them again for every vector).
+template <class O, int R, int C>
+CPUATTN_INLINE void TransformTile(typename O::V (&x)[R][C], std::int32_t col0,
+                                  const RowMask (&rm)[R], const MaskInfo& mi) {
+  constexpr int N = O::kLanes;
+  if (mi.softcap) {
+    const auto cap = O::Set(mi.cap), k = O::Set(mi.k);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) x[r][c] = SoftCap<O>(x[r][c], cap, k);
+    }
   }
-  return s;
+  if (mi.alibi) {
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const auto slope = O::Set(rm[r].slope);
+      const auto pos = O::Set(static_cast<float>(rm[r].pos - col0));
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) {
+        // |pos - j|, exact in float below 2^24 keys.
+        const auto j = O::Add(O::Iota(), O::Set(static_cast<float>(c * N)));
+        x[r][c] = O::Sub(x[r][c], O::Mul(slope, O::Abs(O::Sub(pos, j))));
+      }
+    }
+  }
 }
 
 // Only lanes below rm.end are read from the mask: past it lies the end of the mask row (or of
@@ -107,13 +125,17 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
 // epilogue in a separate pass.
 template <class O>
 CPUATTN_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
-                                 const RowMask& rm, const MaskInfo& mi) {
+                                 const RowMask& row, const MaskInfo& info) {
   constexpr int N = O::kLanes;
+  // Local copies: the stores to srow could alias their floats as far as the compiler knows.
+  const RowMask rm = row;
+  const MaskInfo mi = info;
+  const RowMask rm1[1] = {row};
   for (std::int64_t c = 0; c < ncols; c += N) {
     const auto col0 = static_cast<std::int32_t>(c);
-    typename O::V x = O::Load(srow + c);
-    if (mi.transforms()) x = TransformScores<O>(x, col0, rm, mi);
-    O::Store(ApplyRowMask<O>(x, col0, rm, mi), srow + c);
+    typename O::V x[1][1] = {{O::Load(srow + c)}};
+    if (mi.transforms()) TransformTile<O, 1, 1>(x, col0, rm1, mi);
+    O::Store(ApplyRowMask<O>(x[0][0], col0, rm, mi), srow + c);
   }
 }
 

@@ -154,14 +154,25 @@ struct NativeBf16 {
       }
     }
     const __m512 vs = _mm512_set1_ps(qscale);
+    // Local copies of the mask state, as in ScoreTile (score-inl.h): the stores below would
+    // otherwise make the compiler reload them for every vector.
+    const MaskInfo m = mi;
+    RowMask rm[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) rm[r] = rows[r];
+    typename O::V x[R][C];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) x[r][c] = O::FromRaw(_mm512_mul_ps(acc[r][c], vs));
+    }
+    if (m.transforms()) TransformTile<O, R, C>(x, col0, rm, m);
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       CPUATTN_UNROLL(4)
       for (int c = 0; c < C; ++c) {
-        typename O::V x = O::FromRaw(_mm512_mul_ps(acc[r][c], vs));
-        if (mi.transforms()) x = TransformScores<O>(x, col0 + c * N, rows[r], mi);
-        if constexpr (kMasked) x = ApplyRowMask<O>(x, col0 + c * N, rows[r], mi);
-        O::Store(x, s + r * s_stride + c * N);
+        if constexpr (kMasked) x[r][c] = ApplyRowMask<O>(x[r][c], col0 + c * N, rm[r], m);
+        O::Store(x[r][c], s + r * s_stride + c * N);
       }
     }
   }

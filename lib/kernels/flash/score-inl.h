@@ -32,12 +32,19 @@ CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, 
     for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
   }
   AccumulateOuter<O, R, C>(q, 1, qs, kp, C * N, D, acc);
+  // The epilogue reads local copies of the mask state: as far as the compiler knows, each store
+  // of scores may change a float of MaskInfo or RowMask, so it reloaded and re-broadcast them for
+  // every vector (the soft-cap epilogue ran about twice its own operations).
+  const MaskInfo m = mi;
+  RowMask rm[R];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) rm[r] = rows[r];
+  if (m.transforms()) TransformTile<O, R, C>(acc, col0, rm, m);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int c = 0; c < C; ++c) {
-      if (mi.transforms()) acc[r][c] = TransformScores<O>(acc[r][c], col0 + c * N, rows[r], mi);
-      if constexpr (kMasked) acc[r][c] = ApplyRowMask<O>(acc[r][c], col0 + c * N, rows[r], mi);
+      if constexpr (kMasked) acc[r][c] = ApplyRowMask<O>(acc[r][c], col0 + c * N, rm[r], m);
       O::Store(acc[r][c], s + r * s_stride + c * N);
     }
   }
