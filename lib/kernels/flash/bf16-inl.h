@@ -157,9 +157,11 @@ struct NativeBf16 {
     // Local copies of the mask state, as in ScoreTile (score-inl.h): the stores below would
     // otherwise make the compiler reload them for every vector.
     const MaskInfo m = mi;
-    RowMask rm[R];
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) rm[r] = rows[r];
+    RowMask rm[R] = {};
+    if (kMasked || m.transforms()) {
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) rm[r] = rows[r];
+    }
     typename O::V x[R][C];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
