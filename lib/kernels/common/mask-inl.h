@@ -55,6 +55,17 @@ struct MaskInfo {
   bool transforms() const { return softcap || alibi; }
 };
 
+// Local copies of a tile's row masks for its epilogue: as far as the compiler knows, each store of
+// scores may change a float of a RowMask (or MaskInfo) in memory, so reading them there made it
+// reload and re-broadcast them for every vector. `rows` is read only when `needed` (a masked or
+// transformed tile): callers without masks, such as the micro-kernel probes, pass nullptr.
+template <int R>
+CPUATTN_INLINE void CopyRowMasks(const RowMask* rows, bool needed, RowMask (&rm)[R]) {
+  if (!needed) return;
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) rm[r] = rows[r];
+}
+
 // Soft-cap, then the ALiBi bias (AttentionOptions' order), of a tile of R x C score vectors in
 // registers, x[r][c] holding keys col0 + c * kLanes + lane of row r. The capped score is within
 // 4e-7 cap of cap * tanh(s / cap) (simd/math-inl.h, SoftCap). One branch per variant for the
@@ -128,14 +139,13 @@ CPUATTN_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncol
                                  const RowMask& row, const MaskInfo& info) {
   constexpr int N = O::kLanes;
   // Local copies: the stores to srow could alias their floats as far as the compiler knows.
-  const RowMask rm = row;
+  const RowMask rm[1] = {row};
   const MaskInfo mi = info;
-  const RowMask rm1[1] = {row};
   for (std::int64_t c = 0; c < ncols; c += N) {
     const auto col0 = static_cast<std::int32_t>(c);
     typename O::V x[1][1] = {{O::Load(srow + c)}};
-    if (mi.transforms()) TransformTile<O, 1, 1>(x, col0, rm1, mi);
-    O::Store(ApplyRowMask<O>(x[0][0], col0, rm, mi), srow + c);
+    if (mi.transforms()) TransformTile<O, 1, 1>(x, col0, rm, mi);
+    O::Store(ApplyRowMask<O>(x[0][0], col0, rm[0], mi), srow + c);
   }
 }
 

@@ -154,14 +154,10 @@ struct NativeBf16 {
       }
     }
     const __m512 vs = _mm512_set1_ps(qscale);
-    // Local copies of the mask state, as in ScoreTile (score-inl.h): the stores below would
-    // otherwise make the compiler reload them for every vector.
+    // Local copies of the mask state, as in ScoreTile (score-inl.h).
     const MaskInfo m = mi;
     RowMask rm[R] = {};
-    if (kMasked || m.transforms()) {
-      CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) rm[r] = rows[r];
-    }
+    CopyRowMasks<R>(rows, kMasked || m.transforms(), rm);
     typename O::V x[R][C];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {

@@ -32,16 +32,11 @@ CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, 
     for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
   }
   AccumulateOuter<O, R, C>(q, 1, qs, kp, C * N, D, acc);
-  // The epilogue reads local copies of the mask state: as far as the compiler knows, each store
-  // of scores may change a float of MaskInfo or RowMask, so it reloaded and re-broadcast them for
-  // every vector (the soft-cap epilogue ran about twice its own operations).
-  // (`rows` may be null when no row is masked or transformed: the micro-kernel probes.)
+  // The epilogue reads local copies of the mask state (CopyRowMasks): read in place, they cost the
+  // soft-cap epilogue about twice its own operations.
   const MaskInfo m = mi;
   RowMask rm[R] = {};
-  if (kMasked || m.transforms()) {
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) rm[r] = rows[r];
-  }
+  CopyRowMasks<R>(rows, kMasked || m.transforms(), rm);
   if (m.transforms()) TransformTile<O, R, C>(acc, col0, rm, m);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
