@@ -222,6 +222,46 @@ inline double unit_roundoff(DType t) {
                            : std::ldexp(1.0, -24);
 }
 
+// The tolerances of case c's out (atol per unit of the head's largest |v|, and rtol) and lse, on a
+// context that runs `native_path` (active_bf16_path() is "avx512_bf16").
+struct Tolerance {
+  double out_atol, out_rtol, lse_atol, lse_rtol;
+};
+inline Tolerance tolerance_of(const Case& c, bool native_path) {
+  // With bf16 K and V on AVX512-BF16 (the native kernel: bf16 Q, or a decoding step with any Q)
+  // the probabilities are rounded to bf16 before P V: each term of sum_j p_j v_j / l is off by at
+  // most u_bf16 = 2^-8 relative, so out by at most u_bf16 * max |v| (V here is in [-1, 1]).
+  // Decoding steps split the scaled Q into bf16 hi + lo, |q - hi - lo| < 2^-16 |q|: each score
+  // moves by at most 2^-16 scale sum_d |q_d k_d| <= 2^-16 D scale max|k| (|q| <= 1), and the
+  // weights by a factor within exp(+-2 that), so out by 2^-15 D scale max|k| max|v|.
+  // int8 V in those decoding steps runs P V on VNNI: each block's weights p_j vscale_j are
+  // quantized to int16 against the block's largest, off by at most 2^-16 of it, so out moves by
+  // at most (block keys, 128) 2^-16 max|v| = 2^-9 max|v| (NativeBf16::QuantWeightRow).
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
+  const double p_round =
+      !native_path ? 0.0
+      : c.kv_dtype == DType::bf16
+          ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp
+      : c.kv_dtype == DType::i8 ? std::ldexp(1.0, -9)
+                                : 0.0;
+  const double out_round = c.out_dtype == DType::f32 ? 0.0 : unit_roundoff(c.out_dtype);
+
+  // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale
+  // for inputs in [-1, 1]) perturbs the weights; the Lk-long weighted sum adds its own rounding.
+  // Both grow like sqrt(length); exp2 adds 3e-7 relative. Outputs are averages of V in [-1, 1].
+  const double eps = std::numeric_limits<float>::epsilon();
+  // ALiBi moves scores by up to slope * Lk (slopes <= 0.5), and f32 rounds them relative to that.
+  const double alibi_mag = c.alibi != 0 ? 0.5 * double(c.Lk) : 0.0;
+  const double score_mag =
+      std::sqrt(double(c.D)) * scale * ramp * 3.0 + 3.0 + alibi_mag;  // masks add <= 3
+  const double atol =
+      8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
+  const double lse_tol =
+      8 * eps * (std::sqrt(double(c.D)) * score_mag + std::log(double(c.Lk)) + 8);
+  return {atol + p_round, out_round, lse_tol, 4 * eps};
+}
+
 // Runs the case on the fast path (one target) and the reference; compares out and lse.
 inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
   SCOPED_TRACE(c.str() + " on " + backend.name());
@@ -280,36 +320,7 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
     EXPECT_EQ(std::memcmp(want.buf.data(), want2.buf.data(), want.buf.size() * 4), 0)
         << "the reference on stored dtypes differs from the reference on their f32 values";
   }
-  // With bf16 K and V on AVX512-BF16 (the native kernel: bf16 Q, or a decoding step with any Q)
-  // the probabilities are rounded to bf16 before P V: each term of sum_j p_j v_j / l is off by at
-  // most u_bf16 = 2^-8 relative, so out by at most u_bf16 * max |v| (V here is in [-1, 1]).
-  // Decoding steps split the scaled Q into bf16 hi + lo, |q - hi - lo| < 2^-16 |q|: each score
-  // moves by at most 2^-16 scale sum_d |q_d k_d| <= 2^-16 D scale max|k| (|q| <= 1), and the
-  // weights by a factor within exp(+-2 that), so out by 2^-15 D scale max|k| max|v|.
-  // int8 V in those decoding steps runs P V on VNNI: each block's weights p_j vscale_j are
-  // quantized to int16 against the block's largest, off by at most 2^-16 of it, so out moves by
-  // at most (block keys, 128) 2^-16 max|v| = 2^-9 max|v| (NativeBf16::QuantWeightRow).
-  const bool native_path = std::string(active_bf16_path(&ctx)) == "avx512_bf16";
-  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-  const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
-  const double p_round =
-      !native_path ? 0.0
-      : c.kv_dtype == DType::bf16
-          ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp
-      : c.kv_dtype == DType::i8 ? std::ldexp(1.0, -9)
-                                : 0.0;
-  const double out_round = c.out_dtype == DType::f32 ? 0.0 : unit_roundoff(c.out_dtype);
-
-  // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale
-  // for inputs in [-1, 1]) perturbs the weights; the Lk-long weighted sum adds its own rounding.
-  // Both grow like sqrt(length); exp2 adds 3e-7 relative. Outputs are averages of V in [-1, 1].
-  const double eps = std::numeric_limits<float>::epsilon();
-  // ALiBi moves scores by up to slope * Lk (slopes <= 0.5), and f32 rounds them relative to that.
-  const double alibi_mag = c.alibi != 0 ? 0.5 * double(c.Lk) : 0.0;
-  const double score_mag =
-      std::sqrt(double(c.D)) * scale * ramp * 3.0 + 3.0 + alibi_mag;  // masks add <= 3
-  const double atol =
-      8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
+  const Tolerance tol = tolerance_of(c, std::string(active_bf16_path(&ctx)) == "avx512_bf16");
   // Per (b, h): the error is relative to that head's largest finite |v| (1 for the random inputs,
   // more where a case plants large values).
   for (std::int64_t b = 0; b < c.B; ++b)
@@ -326,14 +337,12 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
           got_flat.push_back(out.at(b, h, i, d));
           want_flat.push_back(want.at(b, h, i, d));
         }
-      EXPECT_TRUE(all_close(got_flat.data(), want_flat.data(), got_flat.size(),
-                            (atol + p_round) * vmax, out_round))
+      EXPECT_TRUE(all_close(got_flat.data(), want_flat.data(), got_flat.size(), tol.out_atol * vmax,
+                            tol.out_rtol))
           << "b " << b << " h " << h;
     }
   if (c.lse) {
-    const double lse_tol =
-        8 * eps * (std::sqrt(double(c.D)) * score_mag + std::log(double(c.Lk)) + 8);
-    EXPECT_TRUE(all_close(lse.data(), want_lse.data(), lse.size(), lse_tol, 4 * eps));
+    EXPECT_TRUE(all_close(lse.data(), want_lse.data(), lse.size(), tol.lse_atol, tol.lse_rtol));
   }
 }
 

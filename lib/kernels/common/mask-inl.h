@@ -117,7 +117,10 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
         for (int i = 0; i < valid; ++i) tmp[i] = m[i * mi.stride];
         add = O::Load(tmp);
       }
-      s = O::MulAdd(add, O::Set(detail::kLog2e), s);
+      // A -inf entry excludes its key whatever the score holds (NaN from a garbage K row too).
+      const auto excluded = O::Lt(add, O::Set(-std::numeric_limits<float>::max()));
+      s = O::IfThenElse(excluded, O::Set(-std::numeric_limits<float>::infinity()),
+                        O::MulAdd(add, O::Set(detail::kLog2e), s));
     } else {
       const std::uint8_t* m = static_cast<const std::uint8_t*>(rm.mask) + col0 * mi.stride;
       if (full) {
@@ -159,7 +162,8 @@ inline void MaskScoreRowScalar(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
       srow[j] = neg_inf;
     } else if (rm.mask != nullptr) {
       if (mi.kind == detail::MaskKind::additive) {
-        srow[j] += static_cast<const float*>(rm.mask)[j * mi.stride] * detail::kLog2e;
+        const float add = static_cast<const float*>(rm.mask)[j * mi.stride];
+        srow[j] = add == neg_inf ? neg_inf : srow[j] + add * detail::kLog2e;
       } else if (static_cast<const std::uint8_t*>(rm.mask)[j * mi.stride] == 0) {
         srow[j] = neg_inf;
       }

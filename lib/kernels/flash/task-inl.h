@@ -34,6 +34,7 @@
 #include "kernels/flash/decode-inl.h"
 #include "kernels/flash/pack-inl.h"
 #include "kernels/flash/pv-inl.h"
+#include "kernels/flash/pv_skip_zero-inl.h"
 #include "kernels/flash/score-inl.h"
 #include "kernels/flash/softmax-inl.h"
 #include "simd/contract.h"
@@ -142,8 +143,9 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     // bound by memory (83% of the read probe), and the native scores and P V measured 5-10%
     // slower there (Zen 4, B8 H12 Lk4097 D64, 4 alternating runs), so it keeps the f32 path.
     // int8 V there goes on VNNI (NativeBf16::PvRunsI8), with the same column order.
-    const bool native_pv = kNative && stream && head_rows >= 2 &&
-                           (p.v.dtype == DType::bf16 || p.v.dtype == DType::i8) && g.Dv % 32 == 0;
+    const bool native_pv_ok = kNative && stream && head_rows >= 2 &&
+                              (p.v.dtype == DType::bf16 || p.v.dtype == DType::i8) &&
+                              g.Dv % 32 == 0;
     if constexpr (kNative) {
       if (native) {
         NativeBf16<O>::PackQ(p, b, h0, nh, pos0, rows, qs2, reinterpret_cast<std::uint16_t*>(qp));
@@ -155,13 +157,6 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     } else {
       PackQ<O>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
     }
-    // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
-    // instead of a horizontal sum per row and block.
-    for (int r = 0; r < rows; ++r) {
-      m[r] = neg_inf;
-      O::Store(O::Zero(), l + r * N);
-    }
-    std::fill(acc, acc + rows * g.DvP, 0.0f);
     clock.lap(Phase::pack_q);
     // Causal, key-length and window limits: rows see keys [begin(i), end(i)), both
     // non-decreasing in i, so key blocks before the first row's begin are skipped whole.
@@ -174,297 +169,285 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
       for (std::int64_t h = h0; h < h0 + nh; ++h, ++r)
         rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(h) * detail::kLog2e) : 0.0f;
 
-    for (std::int64_t kb0 = kb_first; kb0 < end_hi; kb0 += g.Nk) {
-      const std::int64_t nk = std::min(g.Nk, k1 - kb0);
-      const std::int64_t slot = keep_packed ? (kb0 - k0) / g.Nk : 0;
-      float* kp = kv + slot * g.kv_block_floats();
-      float* vp = kp + g.k_block_floats();
-      // V is read in place when its rows are whole vectors; otherwise packed (zero-padded).
-      // Other dtypes are widened in the P V tile as they are loaded (int8's scale goes into P).
-      const bool v_in_place = stream && g.DvP == g.Dv;
-      const bool first_use = !keep_packed || slot >= packed_blocks;
-      // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
-      // work instead of stalling a later one. Streamed blocks (decode) prefetch their own rows
-      // as they read them (DotScores, DotScoresRuns): this on top cost contiguous int8 decoding
-      // 15% (G1c, Zen 5, 1 and 2 threads), its instructions and the second request per line.
-      if (first_use && !stream) {
-        if (kb0 == kb_first)
-          PrefetchKV(p, b, hk, kb0 + g.Nk, std::clamp<std::int64_t>(k1 - kb0 - g.Nk, 0, g.Nk));
-        if (kb0 + 2 * g.Nk < k1)
-          PrefetchKV(p, b, hk, kb0 + 2 * g.Nk, std::min(g.Nk, k1 - kb0 - 2 * g.Nk));
+    // Runs the key blocks into m, l and acc. exact_pv: P V skips the keys of weight 0
+    // (PvSkipZero), for a block whose first run met a non-finite V in a key it excludes.
+    const auto accumulate = [&](bool exact_pv) {
+      const bool native_pv = native_pv_ok && !exact_pv;
+      // l is kept per row as a vector of partial sums and summed across lanes once, at the end,
+      // instead of a horizontal sum per row and block.
+      for (int r = 0; r < rows; ++r) {
+        m[r] = neg_inf;
+        O::Store(O::Zero(), l + r * N);
       }
-      if (stream) {
-        // (With several heads, each head's V is packed just before its P V.)
-        if (!v_in_place && nhk == 1) PackV<O>(p, g, b, hk, kb0, nk, vp);
-      } else if (first_use) {
-        bool packed = false;
-        if constexpr (kNative) {
-          if (native) {
-            NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
-            NativeBf16<O>::PackV(p, g.DvP, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(vp));
-            packed = true;
+      std::fill(acc, acc + rows * g.DvP, 0.0f);
+      for (std::int64_t kb0 = kb_first; kb0 < end_hi; kb0 += g.Nk) {
+        const std::int64_t nk = std::min(g.Nk, k1 - kb0);
+        const std::int64_t slot = keep_packed ? (kb0 - k0) / g.Nk : 0;
+        float* kp = kv + slot * g.kv_block_floats();
+        float* vp = kp + g.k_block_floats();
+        // V is read in place when its rows are whole vectors; otherwise packed (zero-padded).
+        // Other dtypes are widened in the P V tile as they are loaded (int8's scale goes into P).
+        const bool v_in_place = stream && g.DvP == g.Dv;
+        const bool first_use = !keep_packed || slot >= packed_blocks;
+        // Ask for the K/V rows two blocks ahead now, so that their misses overlap this block's
+        // work instead of stalling a later one. Streamed blocks (decode) prefetch their own rows
+        // as they read them (DotScores, DotScoresRuns): this on top cost contiguous int8 decoding
+        // 15% (G1c, Zen 5, 1 and 2 threads), its instructions and the second request per line.
+        if (first_use && !stream) {
+          if (kb0 == kb_first)
+            PrefetchKV(p, b, hk, kb0 + g.Nk, std::clamp<std::int64_t>(k1 - kb0 - g.Nk, 0, g.Nk));
+          if (kb0 + 2 * g.Nk < k1)
+            PrefetchKV(p, b, hk, kb0 + 2 * g.Nk, std::min(g.Nk, k1 - kb0 - 2 * g.Nk));
+        }
+        if (stream) {
+          // (With several heads, each head's V is packed just before its P V.)
+          if (!v_in_place && nhk == 1) PackV<O>(p, g, b, hk, kb0, nk, vp);
+        } else if (first_use) {
+          bool packed = false;
+          if constexpr (kNative) {
+            if (native) {
+              NativeBf16<O>::PackK(p, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(kp));
+              NativeBf16<O>::PackV(p, g.DvP, b, hk, kb0, nk, reinterpret_cast<std::uint32_t*>(vp));
+              packed = true;
+            }
+          }
+          if (!packed) PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
+          if (keep_packed) packed_blocks = slot + 1;
+        }
+        clock.lap(Phase::pack_kv);
+        // Keys of this block that some row may see, rounded up to whole panels.
+        const std::int64_t nk_live = std::min(nk, end_hi - kb0);
+        const std::int64_t ncols = (nk_live + W - 1) / W * W;
+        // Columns [clean_lo, clean_hi) need no per-element mask for any row.
+        const std::int64_t clean_hi = p.mask_kind != detail::MaskKind::none
+                                          ? 0
+                                          : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
+        const std::int64_t clean_lo = std::clamp<std::int64_t>(begin_hi - kb0, 0, nk);
+        // Row r is (position pos0 + r / nh, head h0 + r % nh); nested loops avoid a 64-bit
+        // division per row and block.
+        for (std::int64_t i = pos0, r = 0; i < pos1; ++i) {
+          const auto end = static_cast<std::int32_t>(
+              std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
+          const auto begin =
+              static_cast<std::int32_t>(std::clamp<std::int64_t>(p.key_begin(i) - kb0, 0, nk));
+          // Relative to this block, for ALiBi; clamped far outside it (the distance only grows).
+          const auto pos = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+              p.pos(i) - kb0, -(std::int64_t{1} << 30), std::int64_t{1} << 30));
+          for (std::int64_t h = h0; h < h0 + nh; ++h, ++r) {
+            rm[r].begin = begin;
+            rm[r].end = end;
+            rm[r].pos = pos;
+            rm[r].mask = p.mask_kind == detail::MaskKind::none
+                             ? nullptr
+                             : static_cast<const char*>(p.mask.data) +
+                                   (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] +
+                                    kb0 * p.mask.s[3]) *
+                                       static_cast<std::int64_t>(dtype_size(p.mask.dtype));
           }
         }
-        if (!packed) PackKV<O>(p, g, b, hk, kb0, nk, kp, vp);
-        if (keep_packed) packed_blocks = slot + 1;
-      }
-      clock.lap(Phase::pack_kv);
-      // Keys of this block that some row may see, rounded up to whole panels.
-      const std::int64_t nk_live = std::min(nk, end_hi - kb0);
-      const std::int64_t ncols = (nk_live + W - 1) / W * W;
-      // Columns [clean_lo, clean_hi) need no per-element mask for any row.
-      const std::int64_t clean_hi = p.mask_kind != detail::MaskKind::none
-                                        ? 0
-                                        : std::max<std::int64_t>(0, std::min(nk, end_lo - kb0));
-      const std::int64_t clean_lo = std::clamp<std::int64_t>(begin_hi - kb0, 0, nk);
-      // Row r is (position pos0 + r / nh, head h0 + r % nh); nested loops avoid a 64-bit
-      // division per row and block.
-      for (std::int64_t i = pos0, r = 0; i < pos1; ++i) {
-        const auto end = static_cast<std::int32_t>(
-            std::clamp<std::int64_t>(std::min(k1, p.key_end(b, i)) - kb0, 0, nk));
-        const auto begin =
-            static_cast<std::int32_t>(std::clamp<std::int64_t>(p.key_begin(i) - kb0, 0, nk));
-        // Relative to this block, for ALiBi; clamped far outside it (the distance only grows).
-        const auto pos = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-            p.pos(i) - kb0, -(std::int64_t{1} << 30), std::int64_t{1} << 30));
-        for (std::int64_t h = h0; h < h0 + nh; ++h, ++r) {
-          rm[r].begin = begin;
-          rm[r].end = end;
-          rm[r].pos = pos;
-          rm[r].mask =
-              p.mask_kind == detail::MaskKind::none
-                  ? nullptr
-                  : static_cast<const char*>(p.mask.data) +
-                        (b * p.mask.s[0] + h * p.mask.s[1] + i * p.mask.s[2] + kb0 * p.mask.s[3]) *
-                            static_cast<std::int64_t>(dtype_size(p.mask.dtype));
-        }
-      }
-      clock.lap(Phase::mask);
+        clock.lap(Phase::mask);
 
-      // Steps 1-3 run once per K/V head of the task, on that head's rows [r_lo, r_hi) (all rows
-      // with one head). Several heads (paged decoding): head after head through the same pages,
-      // so each page's [Hkv, P, D] is read front to back over the block, and a head's V rows are
-      // used while the prefetch has them in L2.
-      for (std::int64_t j = 0; j < nhk; ++j) {
-        const std::int64_t hkj = hk + j;
-        const int r_lo = static_cast<int>(j) * head_rows, r_hi = r_lo + head_rows;
-        // 1. Scores, masked in the micro-kernel epilogue where needed.
-        if (stream) {
-          detail::with_elem(p.k.dtype, [&](auto t) {
-            using T = decltype(t);
-            const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-            if (runs_path) {
-              // The block's keys in runs that share a page, of at most a quarter block each (four
-              // are read at once), then the first runs to be read next, to prefetch: the next
-              // head's in this block, or after the last head the next block's.
-              KeyRun<T> runs[O::kBlockKeys + 8];
-              int n = 0;
-              // Keys [j0, j1) of this block (offsets from kb0) of K/V head `head` in runs; at most
-              // `most` of them.
-              const auto cut = [&](std::int64_t j0, std::int64_t j1, int most, std::int64_t head) {
-                for (int added = 0; j0 < j1 && added < most; ++added, ++n) {
-                  const std::int64_t kj = kb0 + j0;
-                  const std::int64_t nj = std::min({j1 - j0, p.page_run(kj), O::kBlockKeys / 4});
-                  runs[n] = {
-                      static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kj) + head * p.k.s[1],
-                      p.k_scale == nullptr
-                          ? nullptr
-                          : p.k_scale + p.key_off(p.k_scale_s, b, kj) + head * p.k_scale_s[1],
-                      static_cast<const char*>(p.v.data) +
-                          (p.key_off(p.v.s, b, kj) + head * p.v.s[1]) * ev,
-                      j0,
-                      nj,
-                      std::min(k1 - kj, p.page_run(kj))};
-                  j0 += nj;
+        // Steps 1-3 run once per K/V head of the task, on that head's rows [r_lo, r_hi) (all rows
+        // with one head). Several heads (paged decoding): head after head through the same pages,
+        // so each page's [Hkv, P, D] is read front to back over the block, and a head's V rows are
+        // used while the prefetch has them in L2.
+        for (std::int64_t j = 0; j < nhk; ++j) {
+          const std::int64_t hkj = hk + j;
+          const int r_lo = static_cast<int>(j) * head_rows, r_hi = r_lo + head_rows;
+          // 1. Scores, masked in the micro-kernel epilogue where needed.
+          if (stream) {
+            detail::with_elem(p.k.dtype, [&](auto t) {
+              using T = decltype(t);
+              const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
+              if (runs_path) {
+                // The block's keys in runs that share a page, of at most a quarter block each (four
+                // are read at once), then the first runs to be read next, to prefetch: the next
+                // head's in this block, or after the last head the next block's.
+                KeyRun<T> runs[O::kBlockKeys + 8];
+                int n = 0;
+                // Keys [j0, j1) of this block (offsets from kb0) of K/V head `head` in runs; at
+                // most `most` of them.
+                const auto cut = [&](std::int64_t j0, std::int64_t j1, int most,
+                                     std::int64_t head) {
+                  for (int added = 0; j0 < j1 && added < most; ++added, ++n) {
+                    const std::int64_t kj = kb0 + j0;
+                    const std::int64_t nj = std::min({j1 - j0, p.page_run(kj), O::kBlockKeys / 4});
+                    runs[n] = {
+                        static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kj) + head * p.k.s[1],
+                        p.k_scale == nullptr
+                            ? nullptr
+                            : p.k_scale + p.key_off(p.k_scale_s, b, kj) + head * p.k_scale_s[1],
+                        static_cast<const char*>(p.v.data) +
+                            (p.key_off(p.v.s, b, kj) + head * p.v.s[1]) * ev,
+                        j0,
+                        nj,
+                        std::min(k1 - kj, p.page_run(kj))};
+                    j0 += nj;
+                  }
+                };
+                // int8 scales of the keys read next: with pages, each (page, head) has its own
+                // P * 4 bytes at its own place in the scale pools, which no hardware prefetcher
+                // predicts, so without this every page cost two demand misses from DRAM (K's scale
+                // in the scores, V's in scale_p_by_v).
+                const auto prefetch_scales = [&](std::int64_t j0, std::int64_t j1,
+                                                 std::int64_t head) {
+                  if (p.k_scale == nullptr || p.pages == nullptr) return;
+                  for (const auto& [sc, ss] :
+                       {std::pair{p.k_scale, p.k_scale_s}, std::pair{p.v_scale, p.v_scale_s}}) {
+                    if (sc == nullptr) continue;
+                    for (std::int64_t jj = j0; jj < j1;) {
+                      const std::int64_t nj = std::min(j1 - jj, p.page_run(kb0 + jj));
+                      const char* first = reinterpret_cast<const char*>(
+                          sc + p.key_off(ss, b, kb0 + jj) + head * ss[1]);
+                      const std::int64_t bytes = ((nj - 1) * ss[2] + 1) * 4;
+                      for (std::int64_t off = 0; off < bytes; off += 64)
+                        detail::Prefetch<1>(first + off);
+                      jj += nj;
+                    }
+                  }
+                };
+                cut(0, nk_live, O::kBlockKeys, hkj);
+                const int nruns = n;
+                if (j + 1 < nhk) {
+                  cut(0, nk_live, 8, hkj + 1);
+                  prefetch_scales(0, nk_live, hkj + 1);
+                } else {
+                  cut(g.Nk, std::min(k1 - kb0, 2 * g.Nk), 8, hk);
+                  prefetch_scales(g.Nk, std::min(k1 - kb0, 2 * g.Nk), hk);
                 }
-              };
-              // int8 scales of the keys read next: with pages, each (page, head) has its own
-              // P * 4 bytes at its own place in the scale pools, which no hardware prefetcher
-              // predicts, so without this every page cost two demand misses from DRAM (K's scale
-              // in the scores, V's in scale_p_by_v).
-              const auto prefetch_scales = [&](std::int64_t j0, std::int64_t j1,
-                                               std::int64_t head) {
-                if (p.k_scale == nullptr || p.pages == nullptr) return;
-                for (const auto& [sc, ss] :
-                     {std::pair{p.k_scale, p.k_scale_s}, std::pair{p.v_scale, p.v_scale_s}}) {
-                  if (sc == nullptr) continue;
-                  for (std::int64_t jj = j0; jj < j1;) {
-                    const std::int64_t nj = std::min(j1 - jj, p.page_run(kb0 + jj));
-                    const char* first = reinterpret_cast<const char*>(
-                        sc + p.key_off(ss, b, kb0 + jj) + head * ss[1]);
-                    const std::int64_t bytes = ((nj - 1) * ss[2] + 1) * 4;
-                    for (std::int64_t off = 0; off < bytes; off += 64)
-                      detail::Prefetch<1>(first + off);
-                    jj += nj;
+                const int nahead = n - nruns;
+                DotScoresRuns<O, T>(r_hi - r_lo, qp + r_lo * qs, qs, g.D, runs, nruns, nahead,
+                                    p.k.s[2], p.k_scale_s[2], s + r_lo * g.Nk, g.Nk, p.v.s[2] * ev,
+                                    p.Dv * ev);
+                return;
+              }
+              const T* K =
+                  static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hkj * p.k.s[1];
+              const float* kscale =
+                  p.k_scale == nullptr
+                      ? nullptr
+                      : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hkj * p.k_scale_s[1];
+              // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved
+              // the same time from P V into the scores (M2, one row per block: 4% slower overall).
+              const char* vpf = p.v.dtype == DType::f32
+                                    ? nullptr
+                                    : static_cast<const char*>(p.v.data) +
+                                          (p.key_off(p.v.s, b, kb0) + hkj * p.v.s[1]) * ev;
+              DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
+                              g.Nk, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+            });
+            clock.lap(Phase::scores);
+            // A row with no mask tensor that sees every column needs no pass (decoding's usual
+            // case: the pass cost D2 7% of its time with an int8 cache).
+            for (int r = r_lo; r < r_hi; ++r) {
+              if (rm[r].mask != nullptr || rm[r].end < ncols || rm[r].begin > 0 || mi.transforms())
+                MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
+            }
+            clock.lap(Phase::mask);
+          } else if (native) {
+            if constexpr (kNative) {
+              for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+                const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
+                const bool masked = c0 < clean_lo || c0 + W > clean_hi;
+                for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+                  const int R = std::min(O::kScoreRows, rows - r0);
+                  const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
+                  if (masked) {
+                    NativeBf16<O>::template ScoreRows<true>(
+                        R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
+                        static_cast<std::int32_t>(c0), rm + r0, mi);
+                  } else {
+                    NativeBf16<O>::template ScoreRows<false>(
+                        R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
+                        static_cast<std::int32_t>(c0), rm + r0, mi);
                   }
                 }
-              };
-              cut(0, nk_live, O::kBlockKeys, hkj);
-              const int nruns = n;
-              if (j + 1 < nhk) {
-                cut(0, nk_live, 8, hkj + 1);
-                prefetch_scales(0, nk_live, hkj + 1);
-              } else {
-                cut(g.Nk, std::min(k1 - kb0, 2 * g.Nk), 8, hk);
-                prefetch_scales(g.Nk, std::min(k1 - kb0, 2 * g.Nk), hk);
               }
-              const int nahead = n - nruns;
-              DotScoresRuns<O, T>(r_hi - r_lo, qp + r_lo * qs, qs, g.D, runs, nruns, nahead,
-                                  p.k.s[2], p.k_scale_s[2], s + r_lo * g.Nk, g.Nk, p.v.s[2] * ev,
-                                  p.Dv * ev);
-              return;
             }
-            const T* K =
-                static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hkj * p.k.s[1];
-            const float* kscale =
-                p.k_scale == nullptr
-                    ? nullptr
-                    : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hkj * p.k_scale_s[1];
-            // V rows are prefetched beside K for reduced-precision V only: with f32 V it moved the
-            // same time from P V into the scores (M2, one row per block: 4% slower overall).
-            const char* vpf = p.v.dtype == DType::f32
-                                  ? nullptr
-                                  : static_cast<const char*>(p.v.data) +
-                                        (p.key_off(p.v.s, b, kb0) + hkj * p.v.s[1]) * ev;
-            DotScores<O, T>(rows, qp, qs, g.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
-                            g.Nk, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
-          });
-          clock.lap(Phase::scores);
-          // A row with no mask tensor that sees every column needs no pass (decoding's usual case:
-          // the pass cost D2 7% of its time with an int8 cache).
-          for (int r = r_lo; r < r_hi; ++r) {
-            if (rm[r].mask != nullptr || rm[r].end < ncols || rm[r].begin > 0 || mi.transforms())
-              MaskScoreRow<O>(s + r * g.Nk, ncols, rm[r], mi);
-          }
-          clock.lap(Phase::mask);
-        } else if (native) {
-          if constexpr (kNative) {
+            clock.lap(Phase::scores);
+          } else {
             for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
-              const auto* panel = reinterpret_cast<const std::uint32_t*>(kp) + (c0 / W) * dp2 * W;
+              const float* panel = kp + (c0 / W) * g.D * W;
               const bool masked = c0 < clean_lo || c0 + W > clean_hi;
               for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
                 const int R = std::min(O::kScoreRows, rows - r0);
-                const auto* qrows = reinterpret_cast<const std::uint32_t*>(qp) + r0 * qs2;
                 if (masked) {
-                  NativeBf16<O>::template ScoreRows<true>(
-                      R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
-                      static_cast<std::int32_t>(c0), rm + r0, mi);
+                  ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                     static_cast<std::int32_t>(c0), rm + r0, mi);
                 } else {
-                  NativeBf16<O>::template ScoreRows<false>(
-                      R, qrows, qs2, dp2, panel, qscale, s + r0 * g.Nk + c0, g.Nk,
-                      static_cast<std::int32_t>(c0), rm + r0, mi);
+                  ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
+                                      static_cast<std::int32_t>(c0), rm + r0, mi);
                 }
               }
             }
+            clock.lap(Phase::scores);
           }
-          clock.lap(Phase::scores);
-        } else {
-          for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
-            const float* panel = kp + (c0 / W) * g.D * W;
-            const bool masked = c0 < clean_lo || c0 + W > clean_hi;
-            for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
-              const int R = std::min(O::kScoreRows, rows - r0);
-              if (masked) {
-                ScoreRows<O, true>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                                   static_cast<std::int32_t>(c0), rm + r0, mi);
-              } else {
-                ScoreRows<O, false>(R, qp + r0 * qs, qs, g.D, panel, s + r0 * g.Nk + c0, g.Nk,
-                                    static_cast<std::int32_t>(c0), rm + r0, mi);
-              }
-            }
-          }
-          clock.lap(Phase::scores);
-        }
 
-        // 2. Online softmax: fold the block into each row's running state.
-        for (int r = r_lo; r < r_hi; ++r)
-          OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
-        clock.lap(Phase::softmax);
+          // 2. Online softmax: fold the block into each row's running state.
+          for (int r = r_lo; r < r_hi; ++r)
+            OnlineSoftmaxRow<O>(s + r * g.Nk, ncols, m[r], l + r * N, acc + r * g.DvP, g.DvP);
+          clock.lap(Phase::softmax);
 
-        // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
-        if constexpr (kNative) {
-          if (native) {
-            for (int r = 0; r < rows; ++r)
-              NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
-            const std::int64_t nk2 = (nk + 1) / 2, live2 = (nk_live + 1) / 2;
-            for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
-              const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
-              const auto* vchunk = reinterpret_cast<const std::uint32_t*>(vp) + c0 * nk2;
-              for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
-                const int R = std::min(O::kPvRows, rows - r0);
-                NativeBf16<O>::PvRows(R, static_cast<int>(cw / O::kLanes),
-                                      reinterpret_cast<const std::uint32_t*>(pb + r0 * g.Nk),
-                                      g.Nk / 2, vchunk, cw, live2, acc + r0 * g.DvP + c0, g.DvP);
-              }
-            }
+          // 3. Acc += P V, one column chunk of V at a time so the chunk stays in L1.
+          if (exact_pv) {
+            PvSkipZero<O>(p, b, hkj, kb0, nk_live, r_hi - r_lo, s + r_lo * g.Nk, g.Nk,
+                          acc + r_lo * g.DvP, g.DvP);
             clock.lap(Phase::pv);
             continue;
           }
-        }
-        // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
-        const auto scale_p_by_v = [&] {
-          for (std::int64_t j0 = 0; j0 < nk_live;) {
-            const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
-            const float* vs =
-                p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hkj * p.v_scale_s[1];
-            // Scales one per key in a row (the usual [B, Hkv, Lk] layout): whole vectors first
-            // (a scalar loop was about 4% of D2's time with an int8 cache, 1 thread).
-            const std::int64_t nv = p.v_scale_s[2] == 1 ? nj / N * N : 0;
-            for (int r = r_lo; r < r_hi; ++r) {
-              float* sr = s + r * g.Nk + j0;
-              for (std::int64_t jj = 0; jj < nv; jj += N)
-                O::StoreU(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), sr + jj);
-              for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] *= vs[jj * p.v_scale_s[2]];
+          if constexpr (kNative) {
+            if (native) {
+              for (int r = 0; r < rows; ++r)
+                NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
+              const std::int64_t nk2 = (nk + 1) / 2, live2 = (nk_live + 1) / 2;
+              for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+                const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+                const auto* vchunk = reinterpret_cast<const std::uint32_t*>(vp) + c0 * nk2;
+                for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
+                  const int R = std::min(O::kPvRows, rows - r0);
+                  NativeBf16<O>::PvRows(R, static_cast<int>(cw / O::kLanes),
+                                        reinterpret_cast<const std::uint32_t*>(pb + r0 * g.Nk),
+                                        g.Nk / 2, vchunk, cw, live2, acc + r0 * g.DvP + c0, g.DvP);
+                }
+              }
+              clock.lap(Phase::pv);
+              continue;
             }
-            j0 += nj;
           }
-        };
-        if constexpr (kNative) {
-          if (native_pv && p.v.dtype == DType::i8) {
-            scale_p_by_v();
-            auto* w = reinterpret_cast<std::int16_t*>(pb);
-            float f[kStreamRows];
-            unsigned exact_rows = 0;  // rows with a non-finite weight: PvRunsI8Exact
-            for (int r = r_lo; r < r_hi; ++r) {
-              f[r - r_lo] = NativeBf16<O>::QuantWeightRow(s + r * g.Nk, nk_live, w + r * g.Nk);
-              if (std::isnan(f[r - r_lo])) f[r - r_lo] = 0.0f, exact_rows |= 1u << (r - r_lo);
-            }
-            // The block's runs in one call per 64 columns: the int32 sums span the block.
-            VRun<std::int8_t> vruns[O::kBlockKeys];
-            int nv = 0;
-            for (std::int64_t j0 = 0; j0 < nk_live; ++nv) {
+          // int8 V: v = q * scale, so p v = (p scale) q; the scale joins P after the softmax sum.
+          const auto scale_p_by_v = [&] {
+            for (std::int64_t j0 = 0; j0 < nk_live;) {
               const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
-              vruns[nv] = {static_cast<const std::int8_t*>(p.v.data) +
-                               p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1],
-                           j0, nj};
+              const float* vs =
+                  p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hkj * p.v_scale_s[1];
+              // Scales one per key in a row (the usual [B, Hkv, Lk] layout): whole vectors first
+              // (a scalar loop was about 4% of D2's time with an int8 cache, 1 thread).
+              const std::int64_t nv = p.v_scale_s[2] == 1 ? nj / N * N : 0;
+              for (int r = r_lo; r < r_hi; ++r) {
+                float* sr = s + r * g.Nk + j0;
+                for (std::int64_t jj = 0; jj < nv; jj += N)
+                  O::StoreU(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), sr + jj);
+                for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] *= vs[jj * p.v_scale_s[2]];
+              }
               j0 += nj;
             }
-            for (std::int64_t c0 = 0; c0 < g.Dv; c0 += 64) {
-              const int groups = g.Dv - c0 >= 64 ? 2 : 1;
-              for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
-                const int R = std::min(O::kPvRows, r_hi - r0);
-                NativeBf16<O>::PvRunsI8(R, groups, w + r0 * g.Nk, g.Nk, f + (r0 - r_lo), vruns, nv,
-                                        c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
+          };
+          if constexpr (kNative) {
+            if (native_pv && p.v.dtype == DType::i8) {
+              scale_p_by_v();
+              auto* w = reinterpret_cast<std::int16_t*>(pb);
+              float f[kStreamRows];
+              unsigned exact_rows = 0;  // rows with a non-finite weight: PvRunsI8Exact
+              for (int r = r_lo; r < r_hi; ++r) {
+                f[r - r_lo] = NativeBf16<O>::QuantWeightRow(s + r * g.Nk, nk_live, w + r * g.Nk);
+                if (std::isnan(f[r - r_lo])) f[r - r_lo] = 0.0f, exact_rows |= 1u << (r - r_lo);
               }
-            }
-            for (int r = r_lo; r < r_hi; ++r)
-              if ((exact_rows >> (r - r_lo)) & 1u)
-                NativeBf16<O>::PvRunsI8Exact(s + r * g.Nk, vruns, nv, g.Dv, p.v.s[2],
-                                             acc + r * g.DvP);
-            continue;
-          }
-          if (native_pv) {
-            for (int r = r_lo; r < r_hi; ++r)
-              NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
-            // Steps of kStreamKeys keys, each step's runs in one call per column range, as the f32
-            // path below does.
-            VRun<detail::Bf16> vruns[O::kBlockKeys];
-            for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
-              const std::int64_t s1 = std::min(nk_live, s0 + kStreamKeys);
+              // The block's runs in one call per 64 columns: the int32 sums span the block.
+              VRun<std::int8_t> vruns[O::kBlockKeys];
               int nv = 0;
-              for (std::int64_t j0 = s0; j0 < s1; ++nv) {
-                const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
-                vruns[nv] = {static_cast<const detail::Bf16*>(p.v.data) +
+              for (std::int64_t j0 = 0; j0 < nk_live; ++nv) {
+                const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+                vruns[nv] = {static_cast<const std::int8_t*>(p.v.data) +
                                  p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1],
                              j0, nj};
                 j0 += nj;
@@ -473,62 +456,95 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                 const int groups = g.Dv - c0 >= 64 ? 2 : 1;
                 for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
                   const int R = std::min(O::kPvRows, r_hi - r0);
-                  NativeBf16<O>::PvRuns(R, groups, pb + r0 * g.Nk, g.Nk, vruns, nv, c0, p.v.s[2],
-                                        acc + r0 * g.DvP + c0, g.DvP);
+                  NativeBf16<O>::PvRunsI8(R, groups, w + r0 * g.Nk, g.Nk, f + (r0 - r_lo), vruns,
+                                          nv, c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
                 }
               }
+              for (int r = r_lo; r < r_hi; ++r)
+                if ((exact_rows >> (r - r_lo)) & 1u)
+                  NativeBf16<O>::PvRunsI8Exact(s + r * g.Nk, vruns, nv, g.Dv, p.v.s[2],
+                                               acc + r * g.DvP);
+              continue;
             }
+            if (native_pv) {
+              for (int r = r_lo; r < r_hi; ++r)
+                NativeBf16<O>::RoundRow(s + r * g.Nk, ncols, pb + r * g.Nk);
+              // Steps of kStreamKeys keys, each step's runs in one call per column range, as the
+              // f32 path below does.
+              VRun<detail::Bf16> vruns[O::kBlockKeys];
+              for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
+                const std::int64_t s1 = std::min(nk_live, s0 + kStreamKeys);
+                int nv = 0;
+                for (std::int64_t j0 = s0; j0 < s1; ++nv) {
+                  const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
+                  vruns[nv] = {static_cast<const detail::Bf16*>(p.v.data) +
+                                   p.key_off(p.v.s, b, kb0 + j0) + hkj * p.v.s[1],
+                               j0, nj};
+                  j0 += nj;
+                }
+                for (std::int64_t c0 = 0; c0 < g.Dv; c0 += 64) {
+                  const int groups = g.Dv - c0 >= 64 ? 2 : 1;
+                  for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+                    const int R = std::min(O::kPvRows, r_hi - r0);
+                    NativeBf16<O>::PvRuns(R, groups, pb + r0 * g.Nk, g.Nk, vruns, nv, c0, p.v.s[2],
+                                          acc + r0 * g.DvP + c0, g.DvP);
+                  }
+                }
+              }
+              continue;
+            }
+          }
+          if (v_in_place) {
+            if (p.v_scale != nullptr) scale_p_by_v();
+            detail::with_elem(p.v.dtype, [&](auto t) {
+              using T = decltype(t);
+              const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
+              // A step's keys in runs that share a page (one run without pages), so the P V tile
+              // keeps its accumulators in registers across a paged block's pages.
+              VRun<T> vruns[O::kBlockKeys];
+              for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
+                const std::int64_t s1 = std::min(nk_live, s0 + step);
+                int nv = 0;
+                for (std::int64_t j0 = s0; j0 < s1; ++nv) {
+                  const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
+                  vruns[nv] = {static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) +
+                                   hkj * p.v.s[1],
+                               j0, nj};
+                  j0 += nj;
+                }
+                for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+                  const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+                  for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+                    const int R = std::min(O::kPvRows, r_hi - r0);
+                    PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vruns,
+                                 nv, c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
+                  }
+                }
+              }
+            });
             continue;
           }
-        }
-        if (v_in_place) {
-          if (p.v_scale != nullptr) scale_p_by_v();
-          detail::with_elem(p.v.dtype, [&](auto t) {
-            using T = decltype(t);
-            const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
-            // A step's keys in runs that share a page (one run without pages), so the P V tile
-            // keeps its accumulators in registers across a paged block's pages.
-            VRun<T> vruns[O::kBlockKeys];
-            for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
-              const std::int64_t s1 = std::min(nk_live, s0 + step);
-              int nv = 0;
-              for (std::int64_t j0 = s0; j0 < s1; ++nv) {
-                const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
-                vruns[nv] = {static_cast<const T*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) +
-                                 hkj * p.v.s[1],
-                             j0, nj};
-                j0 += nj;
-              }
-              for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
-                const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
-                for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
-                  const int R = std::min(O::kPvRows, r_hi - r0);
-                  PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vruns, nv,
-                               c0, p.v.s[2], acc + r0 * g.DvP + c0, g.DvP);
-                }
-              }
+          if (stream && nhk > 1) PackV<O>(p, g, b, hkj, kb0, nk, vp);
+          for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
+            const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
+            const float* vchunk = vp + c0 * nk;
+            for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+              const int R = std::min(O::kPvRows, r_hi - r0);
+              PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw,
+                        nk_live, acc + r0 * g.DvP + c0, g.DvP);
             }
-          });
-          continue;
-        }
-        if (stream && nhk > 1) PackV<O>(p, g, b, hkj, kb0, nk, vp);
-        for (std::int64_t c0 = 0; c0 < g.DvP; c0 += CW) {
-          const std::int64_t cw = std::min<std::int64_t>(CW, g.DvP - c0);
-          const float* vchunk = vp + c0 * nk;
-          for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
-            const int R = std::min(O::kPvRows, r_hi - r0);
-            PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * g.Nk, g.Nk, vchunk, cw, nk_live,
-                      acc + r0 * g.DvP + c0, g.DvP);
           }
         }
+        clock.lap(Phase::pv);
       }
-      clock.lap(Phase::pv);
-    }
+      if constexpr (kNative) {
+        if (native_pv) NativeBf16<O>::UnpermuteAcc(acc, rows, g.DvP, g.Dv);
+      }
+    };
+    accumulate(false);
+    if (!AccFinite<O>(acc, rows * g.DvP)) accumulate(true);
 
     // 4. Normalize once, or hand the unnormalized state to the merge.
-    if constexpr (kNative) {
-      if (native_pv) NativeBf16<O>::UnpermuteAcc(acc, rows, g.DvP, g.Dv);
-    }
     for (int r = 0; r < rows; ++r) {
       const std::int64_t i = pos0 + r / nh, h = h0 + r % nh;
       const float* arow = acc + r * g.DvP;
