@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -57,7 +58,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::vector<std::pair<std::string, std::string>> parse_line(const std::string& line) {
   std::vector<std::pair<std::string, std::string>> kv;
   const auto fields = split(line, ',');
-  EXPECT_GE(fields.size(), 13u) << line;
+  EXPECT_GE(fields.size(), 15u) << line;
   if (fields.size() < 2) return kv;
   EXPECT_EQ(fields[0], "cpuattn_verbose") << line;
   kv.emplace_back("op", fields[1]);
@@ -70,8 +71,9 @@ std::vector<std::pair<std::string, std::string>> parse_line(const std::string& l
   return kv;
 }
 
-const char* const kFieldOrder[] = {"op",      "dtype", "shapes",   "mask",    "target", "simd",
-                                   "threads", "tasks", "k_splits", "time_ms", "gflops", "gbps"};
+const char* const kFieldOrder[] = {"op",       "dtype",   "kv",     "out",     "shapes",
+                                   "mask",     "target",  "simd",   "threads", "tasks",
+                                   "k_splits", "time_ms", "gflops", "gbps"};
 
 std::set<std::string> phase_names() {
   std::set<std::string> s;
@@ -221,6 +223,94 @@ TEST(Profile, LayersRecordOneCallWithTheWorkOfTheirParts) {
   EXPECT_EQ(calls[1].op, "linear");
   EXPECT_DOUBLE_EQ(calls[1].flops, 2.0 * B * L * dm * dm);
   EXPECT_EQ(calls[1].shapes, "x:66x64;weight:64x64;y:66x64");
+}
+
+// Every pair of Q and K/V dtypes (and each out dtype) is recorded as it ran: dtype, kv and out
+// in the record, the verbose line and the trace; a paged int8 cache, a bf16 KV cache behind
+// MultiHeadAttention::decode and a Linear with bf16 weights likewise.
+TEST(Profile, RecordsTheDtypesOfEveryCall) {
+  const std::int64_t B = 1, H = 2, Lq = 3, Lk = 20, D = 16;
+  const std::vector<float> x = random_floats(B * H * Lk * D, 9);
+  std::vector<std::uint16_t> bf16(x.size()), f16(x.size());
+  std::vector<std::int8_t> i8(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    bf16[i] = to_bf16(x[i]);
+    f16[i] = to_f16(x[i]);
+    i8[i] = static_cast<std::int8_t>(x[i] * 100);
+  }
+  const std::vector<float> scales(B * H * Lk, 0.01f);
+  const auto data = [&](DType t) -> const void* {
+    return t == DType::bf16  ? static_cast<const void*>(bf16.data())
+           : t == DType::f16 ? static_cast<const void*>(f16.data())
+           : t == DType::i8  ? static_cast<const void*>(i8.data())
+                             : static_cast<const void*>(x.data());
+  };
+  const auto name = [](DType t) {
+    return std::string(t == DType::bf16  ? "bf16"
+                       : t == DType::f16 ? "f16"
+                       : t == DType::i8  ? "int8"
+                                         : "f32");
+  };
+  std::vector<float> out(B * H * Lq * D * 2);
+  Context ctx(1);
+  const std::string trace = ::testing::TempDir() + "cpuattn_dtypes_" + std::to_string(::getpid());
+  for (DType q : {DType::f32, DType::bf16, DType::f16})
+    for (DType kv : {DType::f32, DType::bf16, DType::f16, DType::i8})
+      for (DType o : {DType::f32, DType::bf16, DType::f16}) {
+        SCOPED_TRACE(name(q) + " " + name(kv) + " " + name(o));
+        AttentionOptions opts;
+        if (kv == DType::i8) opts.k_scales = opts.v_scales = f32_view(scales.data(), {B, H, Lk});
+        OutputView ov = f32_view(out.data(), {B, H, Lq, D});
+        ov.dtype = o;
+        std::vector<CallProfile> calls;
+        {
+          ProfileSession session;
+          attention(TensorView::contiguous(data(q), q, {B, H, Lq, D}),
+                    TensorView::contiguous(data(kv), kv, {B, H, Lk, D}),
+                    TensorView::contiguous(data(kv), kv, {B, H, Lk, D}), ov, opts, &ctx);
+          calls = session.take();
+        }
+        ASSERT_EQ(calls.size(), 1u);
+        EXPECT_EQ(calls[0].dtype, name(q));
+        EXPECT_EQ(calls[0].kv, name(kv));
+        EXPECT_EQ(calls[0].out, name(o));
+        const auto m = check_line(verbose_line(calls[0], 1), false);
+        EXPECT_EQ(m.at("dtype"), name(q));
+        EXPECT_EQ(m.at("kv"), name(kv));
+        EXPECT_EQ(m.at("out"), name(o));
+        write_chrome_trace(calls, trace);
+        std::ifstream f(trace);
+        const std::string text((std::istreambuf_iterator<char>(f)),
+                               std::istreambuf_iterator<char>());
+        EXPECT_NE(text.find("dtype=" + name(q) + ",kv=" + name(kv) + ",out=" + name(o)),
+                  std::string::npos);
+      }
+  std::remove(trace.c_str());
+
+  ProfileSession session;
+  PagedKvCache pages(4, 16, H, D, D, DType::i8);
+  const std::vector<std::int64_t> seqs = {pages.add_sequence()};
+  pages.append(seqs[0], f32_view(x.data(), {H, Lk, D}), f32_view(x.data(), {H, Lk, D}));
+  attention(f32_view(x.data(), {1, H, 1, D}), pages.batch(seqs), f32_view(out.data(), {1, H, 1, D}),
+            {}, &ctx);
+  const std::int64_t dm = H * D;
+  const auto w = random_floats(dm * dm, 10, -0.1f, 0.1f);
+  std::vector<std::uint16_t> wb(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) wb[i] = to_bf16(w[i]);
+  const TensorView wv = f32_view(w.data(), {dm, dm});
+  MultiHeadAttention mha(MhaConfig{dm, H, 0, 0, 0}, MhaWeights{wv, wv, wv, wv});
+  KvCache cache = mha.make_cache(1, 4, false, DType::bf16);
+  mha.decode(f32_view(x.data(), {1, 1, dm}), cache, f32_view(out.data(), {1, 1, dm}), {}, &ctx);
+  Linear lin(TensorView::contiguous(wb.data(), DType::bf16, {dm, dm}));
+  lin.forward(f32_view(x.data(), {2, dm}), f32_view(out.data(), {2, dm}), &ctx);
+  const auto calls = session.take();
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[0].op + " " + calls[0].dtype + " " + calls[0].kv + " " + calls[0].out,
+            "attention_paged f32 int8 f32");
+  EXPECT_EQ(calls[1].op + " " + calls[1].dtype + " " + calls[1].kv + " " + calls[1].out,
+            "mha.decode f32 bf16 f32");
+  EXPECT_EQ(calls[2].op + " " + calls[2].dtype + " " + calls[2].kv + " " + calls[2].out,
+            "linear f32 bf16 f32");
 }
 
 // A call that fails validation records nothing.

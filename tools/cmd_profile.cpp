@@ -112,6 +112,8 @@ int run_profile(const Options& o) {
   j["shapes"] = m.shapes;
   j["mask"] = m.mask;
   j["dtype"] = m.dtype;
+  j["kv"] = m.kv;
+  j["out"] = m.out;
   j["target"] = target_name(m.target);
   j["simd"] = simd_name(m.simd);
   j["threads"] = m.threads;

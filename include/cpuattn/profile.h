@@ -70,7 +70,9 @@ struct CPUATTN_API CallProfile {
   std::string op;      // attention, linear, mha.forward, mha.forward_cross, mha.decode, additive,
                        // multiplicative
   std::string shapes;  // e.g. q:1x16x2048x64;k:1x16x2048x64;v:1x16x2048x64;out:1x16x2048x64
-  std::string dtype;   // element type of the inputs: f32
+  std::string dtype;   // element type of Q (a layer's input x): f32, bf16, f16
+  std::string kv;      // of K and V (a KV cache's storage; a Linear's weight): f32, bf16, f16, int8
+  std::string out;     // of the output: f32, bf16, f16
   std::string mask;    // none, or '+'-joined: causal_top_left, causal_bottom_right, bool,
                        // additive, key_lengths
   Target target = Target::scalar;  // the SIMD target and provider the call ran
@@ -95,8 +97,8 @@ struct CPUATTN_API CallProfile {
 };
 
 // The CPUATTN_VERBOSE line of a call (no newline). Fields in this order, comma-separated:
-//   cpuattn_verbose,<op>,dtype=..,shapes=..,mask=..,target=..,simd=..,threads=..,tasks=..,
-//   k_splits=..,time_ms=..,gflops=..,gbps=..
+//   cpuattn_verbose,<op>,dtype=..,kv=..,out=..,shapes=..,mask=..,target=..,simd=..,threads=..,
+//   tasks=..,k_splits=..,time_ms=..,gflops=..,gbps=..
 // and with level >= 2 and phases measured: ,phases=<name>:<ms>;<name>:<ms>;... (thread-summed
 // ms of the phases that took time, in Phase order).
 CPUATTN_API std::string verbose_line(const CallProfile& call, int level);

@@ -159,6 +159,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
   detail::CallScope scope("attention");
   const detail::Problem p = detail::validate(q, k, v, out, opts, /*allow_f64=*/false);
   Context& ctx = context != nullptr ? *context : default_context();
+  scope.set_dtypes(q.dtype, k.dtype, out.dtype);
   if (scope.active()) {
     scope.record().shapes = "q:" + detail::dims_of(q) + ";k:" + detail::dims_of(k) +
                             ";v:" + detail::dims_of(v) + ";out:" + detail::dims_of(out);

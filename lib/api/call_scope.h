@@ -22,6 +22,9 @@ class CallScope {
   // This scope records a call: describe it through record().
   bool active() const { return rec_ != nullptr; }
   CallProfile& record() { return *profile_; }
+  // The record's element types: Q (a layer's input), K/V (a cache's storage, a Linear's weight)
+  // and out. Does nothing when the scope does not record.
+  void set_dtypes(DType q, DType kv, DType out);
   // The call succeeded on `ctx`: measure, then print / keep / hand out its record. A scope left
   // without finish() (an exception) records nothing.
   void finish(Context& ctx);

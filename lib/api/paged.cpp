@@ -162,6 +162,7 @@ void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
   detail::CallScope scope("attention_paged");
   const detail::Paged paged = detail::validate_paged(q, kv, out, opts, false);
   Context& ctx = context != nullptr ? *context : default_context();
+  scope.set_dtypes(q.dtype, kv.k_pages.dtype, out.dtype);
   if (scope.active()) {
     scope.record().shapes = "q:" + detail::dims_of(q) + ";k_pages:" + detail::dims_of(kv.k_pages) +
                             ";v_pages:" + detail::dims_of(kv.v_pages) +

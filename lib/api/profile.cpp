@@ -137,11 +137,33 @@ CallScope::CallScope(const char* op) {
   profile_ = std::make_unique<CallProfile>();
   rec_ = std::make_unique<Recorder>(*profile_, (mode & kPhases) != 0, (mode & kSpans) != 0);
   profile_->op = op;
-  profile_->dtype = "f32";
+  profile_->dtype = profile_->kv = profile_->out = "f32";
   profile_->mask = "none";
   current_ = std::make_unique<CurrentRecorder>(rec_.get());
   ns0_ = steady_ns();
   t0_ = ticks();
+}
+
+void CallScope::set_dtypes(DType q, DType kv, DType out) {
+  if (!profile_) return;
+  // The names the CLI's --dtype and --kv-dtype take.
+  const auto name = [](DType t) {
+    switch (t) {
+      case DType::bf16:
+        return "bf16";
+      case DType::f16:
+        return "f16";
+      case DType::i8:
+        return "int8";
+      case DType::f64:
+        return "f64";
+      default:
+        return "f32";
+    }
+  };
+  profile_->dtype = name(q);
+  profile_->kv = name(kv);
+  profile_->out = name(out);
 }
 
 void CallScope::finish(Context& ctx) {
@@ -222,8 +244,8 @@ std::string verbose_line(const CallProfile& c, int level) {
                 ",time_ms=%.4f,gflops=%.2f,gbps=%.2f",
                 target_name(c.target), simd_name(c.simd), c.threads, c.tasks, c.k_splits, c.wall_ms,
                 c.gflops(), c.gbps());
-  std::string line = "cpuattn_verbose," + c.op + ",dtype=" + c.dtype + ",shapes=" + c.shapes +
-                     ",mask=" + c.mask + buf;
+  std::string line = "cpuattn_verbose," + c.op + ",dtype=" + c.dtype + ",kv=" + c.kv +
+                     ",out=" + c.out + ",shapes=" + c.shapes + ",mask=" + c.mask + buf;
   if (level >= 2 && c.has_phases) {
     line += ",phases=";
     bool first = true;

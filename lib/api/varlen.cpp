@@ -153,6 +153,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   const detail::Packed packed =
       detail::validate_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, opts, false);
   Context& ctx = context != nullptr ? *context : default_context();
+  scope.set_dtypes(q.dtype, k.dtype, out.dtype);
   if (scope.active()) {
     scope.record().shapes = "q:" + detail::dims_of(q) + ";k:" + detail::dims_of(k) +
                             ";v:" + detail::dims_of(v) +

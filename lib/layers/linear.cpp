@@ -200,6 +200,7 @@ void Linear::forward(const TensorView& x, const OutputView& y_out, Context* cont
   g.M = detail::rows_count(x);
   g.b = m_.get();
   Context& ctx = context != nullptr ? *context : default_context();
+  scope.set_dtypes(x.dtype, m_->dtype, y.dtype);
   if (scope.active()) {
     scope.record().shapes = "x:" + detail::dims_of(x) + ";weight:" + std::to_string(m_->K) + "x" +
                             std::to_string(m_->N) + ";y:" + detail::dims_of(y);

@@ -31,8 +31,10 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
 }
 
 // Describes a layer call in its record (include/cpuattn/profile.h).
+// kv: the element type of the K/V the attention read (the cache's; f32 projections otherwise).
 void describe(detail::CallScope& scope, const std::string& inputs, const MhaConfig& c,
-              const AttentionOptions& opts) {
+              const AttentionOptions& opts, DType kv = DType::f32) {
+  scope.set_dtypes(DType::f32, kv, DType::f32);
   if (!scope.active()) return;
   scope.record().shapes =
       inputs + ";d_model:" + std::to_string(c.d_model) + ";heads:" + std::to_string(c.heads) +
@@ -549,7 +551,7 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   s.length = len;
   detail::run_attention(problem, ctx);
   m.output(buf, B, n, out, ctx);
-  describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts);
+  describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts, s.dtype);
   scope.finish(ctx);
 }
 
@@ -614,7 +616,7 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
                      rows(buf.v, b, c.value_dim));
   attention(q, cache.batch(seqs), a, opts, &ctx);
   m.output(buf, B, n, out, ctx);
-  describe(scope, "x:" + detail::dims_of(x) + ";paged", c, opts);
+  describe(scope, "x:" + detail::dims_of(x) + ";paged", c, opts, cache.dtype());
   scope.finish(ctx);
 }
 
