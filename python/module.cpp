@@ -224,7 +224,7 @@ struct VariantArgs {
     const auto per_head = [&](const py::object& obj, const char* name) {
       py::array a = as_array(obj, name);
       if (a.dtype().kind() != 'f')
-        fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected floats [H]");
+        fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected floats");
       a = py::array_t<float, py::array::c_style | py::array::forcecast>(a);
       call.keep.push_back(a);
       return make_view<cpuattn::TensorView>(a, DType::f32, name);
@@ -442,7 +442,7 @@ window_size: (left, right): query i (at position p = i + Lk - Lq) attends key j 
   p - left <= j <= p + right; -1 = unbounded on that side (FlashAttention's convention).
 softcap: C > 0 soft-caps the scaled scores, s <- C tanh(s / C); 0 = off.
 alibi: True adds the standard ALiBi bias -slope_h |p - j| (after soft-capping); alibi_slopes:
-  floats [H] give the slopes.
+  floats [H], or [B, H] per sequence (FlashAttention's), give the slopes.
 sinks: floats [H], one logit per head added to the softmax denominator only (-inf: none).
 return_lse: also return the float32 logsumexp [B, H, Lq].
 out: a writable float32 / float16 (/ bf16) array [B, H, Lq, Dv], written in place and returned;

@@ -198,7 +198,8 @@ struct AttentionOptions {
   // Causal::bottom_right) and key j:
   //   1. s = scale * q.k
   //   2. soft-capping: s <- softcap * tanh(s / softcap) (Gemma 2). 0 = off; else finite and > 0.
-  //   3. ALiBi: s <- s - slope_h * |p(i) - j| for query head h. alibi_slopes: f32 [H]; or
+  //   3. ALiBi: s <- s - slope_h * |p(i) - j| for query head h. alibi_slopes: f32 [H], or [B, H]
+  //      per sequence (FlashAttention's; B = the sequences of a packed or paged batch); or
   //      alibi = true for the standard geometric slopes of H heads (Press et al.: 2^(-8(h+1)/n)
   //      for the first n = 2^floor(log2 H) heads, 2^(-4(2k+1)/n) for the k-th head after them).
   //   4. masks: causal, mask, key_lengths, and the sliding window: key j is attended only if

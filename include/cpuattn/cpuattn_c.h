@@ -200,7 +200,7 @@ typedef struct cpuattn_attention_options {
   int64_t window_left, window_right;  /* used when has_window != 0; -1 = unbounded side */
   double softcap;                     /* 0 = off; else finite > 0: s <- C tanh(s / C) */
   int alibi;                          /* nonzero: ALiBi with the standard slopes of H heads */
-  const cpuattn_tensor* alibi_slopes; /* f32 [H], or NULL */
+  const cpuattn_tensor* alibi_slopes; /* f32 [H] or [B, H] (per sequence), or NULL */
   const cpuattn_tensor* sinks;        /* f32 [H] sink logits (finite or -inf), or NULL */
 } cpuattn_attention_options;
 

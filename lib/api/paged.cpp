@@ -133,6 +133,7 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
     p.q.data = advance(whole.q.data, whole.q.dtype, b * whole.q.s[0]);
     p.out = advance(whole.out, whole.out_dtype, b * whole.out_s[0]);
     if (whole.lse != nullptr) p.lse = advance(whole.lse, whole.lse_dtype, b * whole.lse_s[0]);
+    if (whole.alibi != nullptr) p.alibi = whole.alibi + b * whole.alibi_bs;
     // Page to page: the pools' first strides (0 for a pool of one page, as validate() leaves
     // every dimension of size 1).
     p.k.s[0] = num_pages > 1 ? kv.k_pages.strides[0] : 0;

@@ -135,8 +135,8 @@ void check_float_dtype(const char* name, const TensorView& t, bool allow_f64, bo
   }
 }
 
-// A per-query-head f32 vector [H] (alibi_slopes, sinks): shape, dtype, alignment, and every value
-// finite (sinks may also be -inf: no sink for that head).
+// A per-query-head f32 vector [H] (sinks): shape, dtype, alignment, and every value finite or, when
+// allowed, -inf (no sink for that head).
 const float* check_per_head(const char* name, const TensorView& t, const Problem& p,
                             bool allow_neg_inf, std::int64_t& stride) {
   check_view(name, t, 1, 1);
@@ -160,6 +160,32 @@ const float* check_per_head(const char* name, const TensorView& t, const Problem
   return data;
 }
 
+void check_alibi_slopes(const TensorView& t, std::int64_t batches, Problem& p) {
+  check_view("alibi_slopes", t, 1, 2);
+  if (t.dtype != DType::f32)
+    fail("alibi_slopes " + shape_str(t) + " has dtype " + dtype_name(t.dtype) +
+         "; expected float32");
+  const bool per_batch = t.rank == 2;
+  if (t.shape[t.rank - 1] != p.H || (per_batch && t.shape[0] != batches))
+    fail("alibi_slopes has shape " + shape_str(t) + " but Q has H=" + std::to_string(p.H) +
+         (per_batch ? " and B=" + std::to_string(batches) : std::string()) + "; expected [" +
+         std::to_string(p.H) + "] or [" + std::to_string(batches) + ", " + std::to_string(p.H) +
+         "]");
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 4 != 0)
+    fail("alibi_slopes: data is not aligned to its 4-byte float32 elements");
+  extent_of("alibi_slopes", t);
+  p.alibi = static_cast<const float*>(t.data);
+  p.alibi_s = t.strides[t.rank - 1];
+  p.alibi_bs = per_batch ? t.strides[0] : 0;
+  for (std::int64_t b = 0; b < (per_batch ? batches : 1); ++b)
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      const float x = p.alibi[b * p.alibi_bs + h * p.alibi_s];
+      if (!std::isfinite(x))
+        fail("alibi_slopes[" + (per_batch ? std::to_string(b) + ", " : std::string()) +
+             std::to_string(h) + "] = " + std::to_string(x) + " is not finite");
+    }
+}
+
 // The variants of AttentionOptions (window, softcap, ALiBi, sinks).
 void check_variants(const AttentionOptions& opts, Problem& p) {
   for (const auto& [name, w] :
@@ -181,8 +207,7 @@ void check_variants(const AttentionOptions& opts, Problem& p) {
     p.softcap = opts.softcap;
   }
   p.alibi_default = opts.alibi && !opts.alibi_slopes;
-  if (opts.alibi_slopes)
-    p.alibi = check_per_head("alibi_slopes", *opts.alibi_slopes, p, false, p.alibi_s);
+  if (opts.alibi_slopes) check_alibi_slopes(*opts.alibi_slopes, p.B, p);
   if (opts.sinks) p.sinks = check_per_head("sinks", *opts.sinks, p, true, p.sinks_s);
 }
 
@@ -475,7 +500,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   return p;
 }
 
-}  // namespace detail
+}  // namespace
 }  // namespace cpuattn
 
 namespace cpuattn {

@@ -99,16 +99,24 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
         "sequence's length");
   if (opts.weights) fail("weights is not supported with cu_seqlens (packed batches)");
   AttentionOptions o = opts;
+  // Slopes per sequence ([B, H]) are checked against the number of sequences, not Q's B = 1.
+  if (opts.alibi_slopes && opts.alibi_slopes->rank == 2) o.alibi_slopes.reset();
   if (opts.lse) o.lse = as_bhl(*opts.lse, "lse");
   if (opts.k_scales) o.k_scales = as_bhl(*opts.k_scales, "k_scales");
   if (opts.v_scales) o.v_scales = as_bhl(*opts.v_scales, "v_scales");
-  const Problem whole = validate(as_bhld(q, "Q"), as_bhld(k, "K"), as_bhld(v, "V"),
-                                 as_bhld(out, "out"), o, allow_f64);
+  Problem whole = validate(as_bhld(q, "Q"), as_bhld(k, "K"), as_bhld(v, "V"), as_bhld(out, "out"),
+                           o, allow_f64);
   const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q", whole.Lq, "total_q");
   const std::vector<std::int64_t> ok = offsets(cu_k, "cu_seqlens_k", whole.Lk, "total_k");
   if (oq.size() != ok.size())
     fail("cu_seqlens_q has shape " + shape_str(cu_q) + " but cu_seqlens_k has shape " +
          shape_str(cu_k) + "; both are [B + 1]");
+  if (opts.alibi_slopes && !o.alibi_slopes) {
+    check_alibi_slopes(*opts.alibi_slopes, static_cast<std::int64_t>(oq.size()) - 1, whole);
+    const Extent es = extent_of("alibi_slopes", *opts.alibi_slopes);
+    check_disjoint("out", extent_of("out", out), {{"alibi_slopes", es}});
+    if (opts.lse) check_disjoint("lse", extent_of("lse", *opts.lse), {{"alibi_slopes", es}});
+  }
   Packed packed;
   for (std::size_t b = 0; b + 1 < oq.size(); ++b) {
     Problem p = whole;
@@ -122,6 +130,7 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
     if (whole.lse != nullptr) p.lse = advance(whole.lse, whole.lse_dtype, oq[b] * whole.lse_s[2]);
     if (whole.k_scale != nullptr) p.k_scale = whole.k_scale + ok[b] * whole.k_scale_s[2];
     if (whole.v_scale != nullptr) p.v_scale = whole.v_scale + ok[b] * whole.v_scale_s[2];
+    if (whole.alibi != nullptr) p.alibi = whole.alibi + b * whole.alibi_bs;
     (p.Lk == 0 ? packed.empty : packed.run).push_back(p);
   }
   return packed;

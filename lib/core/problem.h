@@ -57,7 +57,7 @@ struct Problem {
   double softcap = 0;
   bool alibi_default = false;
   const float* alibi = nullptr;
-  std::int64_t alibi_s = 0;
+  std::int64_t alibi_s = 0, alibi_bs = 0;  // strides over heads and (slopes [B, H]) batches
   const float* sinks = nullptr;
   std::int64_t sinks_s = 0;
 
@@ -86,10 +86,10 @@ struct Problem {
   }
 
   bool has_alibi() const { return alibi != nullptr || alibi_default; }
-  // ALiBi slope of query head h (0 without ALiBi). The standard slopes (Press et al.): for the
-  // first n = 2^floor(log2 H) heads 2^(-8(h+1)/n), then 2^(-4(2k+1)/n) for head n + k.
-  double alibi_slope(std::int64_t h) const {
-    if (alibi != nullptr) return alibi[h * alibi_s];
+  // ALiBi slope of query head h of batch b (0 without ALiBi). The standard slopes (Press et al.):
+  // for the first n = 2^floor(log2 H) heads 2^(-8(h+1)/n), then 2^(-4(2k+1)/n) for head n + k.
+  double alibi_slope(std::int64_t b, std::int64_t h) const {
+    if (alibi != nullptr) return alibi[b * alibi_bs + h * alibi_s];
     if (!alibi_default) return 0.0;
     std::int64_t n = 1;
     while (2 * n <= H) n *= 2;
@@ -123,6 +123,10 @@ struct Problem {
     return window_left >= 0 ? std::clamp<std::int64_t>(pos(i) - window_left, 0, Lk) : 0;
   }
 };
+
+// alibi_slopes f32 [H] or [batches, H] (per sequence: batches is B, or the number of sequences of
+// a packed batch), every value finite: sets p.alibi, alibi_s and alibi_bs.
+void check_alibi_slopes(const TensorView& t, std::int64_t batches, Problem& p);
 
 // Validates every argument against the others and returns the normalized problem. Throws Error
 // naming the argument and the shapes. `allow_f64` admits f64 tensors (the reference only).

@@ -58,7 +58,7 @@ void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
 
   // Scores in the order AttentionOptions documents: scale, soft-cap, ALiBi, masks. The maximum
   // includes the sink and propagates NaN, so that a NaN score poisons its row, as it should.
-  const double slope = p.alibi_slope(h);
+  const double slope = p.alibi_slope(b, h);
   const double sink = p.sink(h);
   double m = sink;
   for (std::int64_t j = 0; j < p.Lk; ++j) {

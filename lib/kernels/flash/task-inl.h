@@ -167,7 +167,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     const std::int64_t kb_first = k0 + (begin_lo - k0) / g.Nk * g.Nk;
     for (std::int64_t i = pos0, r = 0; i < pos1; ++i)
       for (std::int64_t h = h0; h < h0 + nh; ++h, ++r)
-        rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(h) * detail::kLog2e) : 0.0f;
+        rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(b, h) * detail::kLog2e) : 0.0f;
 
     // Runs the key blocks into m, l and acc. exact_pv: P V skips the keys of weight 0
     // (PvSkipZero), for a block whose first run met a non-finite V in a key it excludes.
