@@ -155,6 +155,15 @@ class CPUATTN_API PagedKvCache {
   // until the next call to batch() or anything that changes the cache.
   PagedKv batch(const std::vector<std::int64_t>& seqs);
 
+  // The whole pools, as batch() gives them: k [num_pages, kv_heads, page_size, head_dim] and v
+  // [.., value_dim] in the cache's dtype, and the int8 scales [num_pages, kv_heads, page_size]
+  // (nullopt for other dtypes). They stay where they are for the cache's life; their contents
+  // change with it.
+  TensorView key_pages() const;
+  TensorView value_pages() const;
+  std::optional<TensorView> key_page_scales() const;
+  std::optional<TensorView> value_page_scales() const;
+
   struct Storage;
 
  private:

@@ -270,15 +270,35 @@ PagedKv PagedKvCache::batch(const std::vector<std::int64_t>& seqs) {
     st.lens[static_cast<std::size_t>(b)] = s.length;
   }
   PagedKv kv;
-  kv.k_pages = TensorView::contiguous(st.k.data(), st.dtype, {st.NP, st.Hkv, st.P, st.D});
-  kv.v_pages = TensorView::contiguous(st.v.data(), st.dtype, {st.NP, st.Hkv, st.P, st.Dv});
+  kv.k_pages = key_pages();
+  kv.v_pages = value_pages();
   kv.block_table = TensorView::contiguous(st.table.data(), DType::i32, {B, max_pages});
   kv.seq_lens = TensorView::contiguous(st.lens.data(), DType::i64, {B});
-  if (st.dtype == DType::i8) {
-    kv.k_scales = f32_view(st.k_scale.data(), {st.NP, st.Hkv, st.P});
-    kv.v_scales = f32_view(st.v_scale.data(), {st.NP, st.Hkv, st.P});
-  }
+  kv.k_scales = key_page_scales();
+  kv.v_scales = value_page_scales();
   return kv;
+}
+
+TensorView PagedKvCache::key_pages() const {
+  const Storage& st = Storage::live(s_, "key_pages");
+  return TensorView::contiguous(st.k.data(), st.dtype, {st.NP, st.Hkv, st.P, st.D});
+}
+
+TensorView PagedKvCache::value_pages() const {
+  const Storage& st = Storage::live(s_, "value_pages");
+  return TensorView::contiguous(st.v.data(), st.dtype, {st.NP, st.Hkv, st.P, st.Dv});
+}
+
+std::optional<TensorView> PagedKvCache::key_page_scales() const {
+  const Storage& st = Storage::live(s_, "key_page_scales");
+  if (st.dtype != DType::i8) return std::nullopt;
+  return f32_view(st.k_scale.data(), {st.NP, st.Hkv, st.P});
+}
+
+std::optional<TensorView> PagedKvCache::value_page_scales() const {
+  const Storage& st = Storage::live(s_, "value_page_scales");
+  if (st.dtype != DType::i8) return std::nullopt;
+  return f32_view(st.v_scale.data(), {st.NP, st.Hkv, st.P});
 }
 
 }  // namespace cpuattn
