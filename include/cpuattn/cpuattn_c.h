@@ -17,8 +17,8 @@
  *   (cpuattn_status_name, cpuattn_last_error, cpuattn_version*, the *_name functions, the
  *   *_init and *_destroy functions) leave it alone.
  * - Versioned structs (cpuattn_attention_options, cpuattn_mha_config, cpuattn_mha_weights) start
- *   with `size_t struct_size`, which the caller sets to sizeof(the struct) (the *_init functions
- *   do). The library reads a struct as follows:
+ *   (and, since version 3, cpuattn_paged_kv) with `size_t struct_size`, which the caller sets to
+ * sizeof(the struct) (the *_init functions do). The library reads a struct as follows:
  *   - struct_size < the struct's *_MIN_SIZE (0 included): CPUATTN_ERROR_INVALID_ARGUMENT, whose
  *     message names struct_size;
  *   - *_MIN_SIZE <= struct_size <= sizeof(struct): only the fields that lie entirely within
@@ -58,7 +58,7 @@ extern "C" {
 
 /* Version of this C interface; incremented when it changes (fields are only ever appended to the
  * versioned structs, and functions only added). cpuattn_c_api_version() gives the library's. */
-#define CPUATTN_C_API_VERSION 2
+#define CPUATTN_C_API_VERSION 3
 
 /* ----------------------------------------------------------------------------- status, errors */
 
@@ -238,6 +238,95 @@ CPUATTN_API cpuattn_status cpuattn_reference_attention_varlen(
     const cpuattn_tensor* out, const cpuattn_tensor* cu_seqlens_q,
     const cpuattn_tensor* cu_seqlens_k, const cpuattn_attention_options* options);
 
+/* ----------------------------------------------------------------------------- paged KV caches */
+
+/* A paged KV cache as attention reads it in place (cpuattn::PagedKv; since C API version 3):
+ *   k_pages [num_pages, Hkv, P, D], v_pages [num_pages, Hkv, P, Dv]: f32, bf16, f16 or i8 (one
+ *     dtype); token j of sequence b is row j % P of page block_table[b, j / P]; P a power of 2
+ *   block_table i32 [B, max_pages]: only each sequence's first ceil(seq_lens[b] / P) entries are
+ *     read, and each must be in [0, num_pages)
+ *   seq_lens i32 or i64 [B]
+ *   k_scales, v_scales f32 [num_pages, Hkv, P]: required exactly when the pools are i8; a tensor
+ *     whose data is NULL is absent.
+ * cpuattn_paged_kv_cache_batch() fills one from a cache. */
+typedef struct cpuattn_paged_kv {
+  size_t struct_size; /* sizeof(cpuattn_paged_kv) */
+  cpuattn_tensor k_pages;
+  cpuattn_tensor v_pages;
+  cpuattn_tensor block_table;
+  cpuattn_tensor seq_lens;
+  cpuattn_tensor k_scales;
+  cpuattn_tensor v_scales;
+} cpuattn_paged_kv;
+
+/* The smallest struct_size accepted: struct_size and the pools, table and lengths. */
+#define CPUATTN_PAGED_KV_MIN_SIZE offsetof(cpuattn_paged_kv, k_scales)
+
+/* struct_size = sizeof, every tensor zero (absent). A NULL argument is a no-op. */
+CPUATTN_API void cpuattn_paged_kv_init(cpuattn_paged_kv* kv);
+
+/* Attention of q [B, H, Lq, D] to the paged cache, out [B, H, Lq, Dv] (options->lse f32
+ * [B, H, Lq]), reading the pages in place (cpuattn::attention(q, PagedKv, out)). Every option is
+ * aligned to each sequence's own length (causal bottom-right for decoding and chunked prefill);
+ * options->mask, key_lengths, weights, k_scales and v_scales are errors (the scales go in kv). */
+CPUATTN_API cpuattn_status cpuattn_attention_paged(const cpuattn_tensor* q,
+                                                   const cpuattn_paged_kv* kv,
+                                                   const cpuattn_tensor* out,
+                                                   const cpuattn_attention_options* options,
+                                                   cpuattn_context* context);
+/* The double-precision oracle of cpuattn_attention_paged (f32 or f64 q and out). */
+CPUATTN_API cpuattn_status cpuattn_reference_attention_paged(
+    const cpuattn_tensor* q, const cpuattn_paged_kv* kv, const cpuattn_tensor* out,
+    const cpuattn_attention_options* options);
+
+/* cpuattn::PagedKvCache: a pool of num_pages pages of page_size tokens (a power of two) of every
+ * K/V head, shared by sequences; f32, bf16, f16 or i8 (one f32 scale per token and K/V head).
+ * A sequence takes pages one at a time as it grows; a fork shares its parent's pages until one
+ * of them writes into a shared page (copy-on-write). Every function that fails changes nothing. */
+typedef struct cpuattn_paged_kv_cache cpuattn_paged_kv_cache;
+
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_create(int64_t num_pages, int64_t page_size,
+                                                         int64_t kv_heads, int64_t head_dim,
+                                                         int64_t value_dim, cpuattn_dtype dtype,
+                                                         cpuattn_paged_kv_cache** out);
+/* NULL is a no-op. */
+CPUATTN_API void cpuattn_paged_kv_cache_destroy(cpuattn_paged_kv_cache* cache);
+/* A new empty sequence; *out is its id (ids of freed sequences are reused). */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_add_sequence(cpuattn_paged_kv_cache* cache,
+                                                               int64_t* out);
+/* A new sequence holding the first `length` tokens of seq (length < 0: all of them), sharing
+ * its pages; *out is its id. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_fork(cpuattn_paged_kv_cache* cache, int64_t seq,
+                                                       int64_t length, int64_t* out);
+/* Appends n tokens to seq: k [kv_heads, n, head_dim], v [kv_heads, n, value_dim]; f32, bf16 or
+ * f16. Too few free pages, or a non-finite value for an i8 cache: invalid argument. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_append(cpuattn_paged_kv_cache* cache, int64_t seq,
+                                                         const cpuattn_tensor* k,
+                                                         const cpuattn_tensor* v);
+/* Keeps the first `length` tokens of seq; pages past them return to the pool. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_truncate(cpuattn_paged_kv_cache* cache,
+                                                           int64_t seq, int64_t length);
+/* Releases every page of seq and its id. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_free_sequence(cpuattn_paged_kv_cache* cache,
+                                                                int64_t seq);
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_length(const cpuattn_paged_kv_cache* cache,
+                                                         int64_t seq, int64_t* out);
+/* Pages no sequence holds. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_free_pages(const cpuattn_paged_kv_cache* cache,
+                                                             int64_t* out);
+/* seq's page ids in token order: *count is their number; the first min(*count, capacity) are
+ * written to ids (which may be NULL when capacity is 0). */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_pages(const cpuattn_paged_kv_cache* cache,
+                                                        int64_t seq, int32_t* ids, int64_t capacity,
+                                                        int64_t* count);
+/* Fills *out (out->struct_size set, as cpuattn_paged_kv_init does) with the pools and the block
+ * table and lengths of sequences seqs[0..n) in that order, for cpuattn_attention_paged. The
+ * table and lengths live in the cache until its next batch call or change; the pools for the
+ * cache's life. Read-only. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_batch(cpuattn_paged_kv_cache* cache,
+                                                        const int64_t* seqs, int64_t n,
+                                                        cpuattn_paged_kv* out);
+
 /* ---------------------------------------------------------------------------------- KV caches */
 
 /* cpuattn::KvCache: keys [batch, kv_heads, capacity, head_dim] and values [.., value_dim] of past
@@ -340,6 +429,16 @@ CPUATTN_API cpuattn_status cpuattn_mha_decode(const cpuattn_mha* mha, const cpua
                                               cpuattn_kv_cache* cache, const cpuattn_tensor* out,
                                               const cpuattn_attention_options* options,
                                               cpuattn_context* context);
+/* The same step for sequences seqs[0..n) of a paged cache (since C API version 3), x
+ * [n, tokens, d_model]: appends each sequence's new tokens (taking pages as needed), then attends
+ * to its pages in place. On failure (among them too few free pages) neither out nor the cache
+ * changes. */
+CPUATTN_API cpuattn_status cpuattn_mha_decode_paged(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                                    cpuattn_paged_kv_cache* cache,
+                                                    const int64_t* seqs, int64_t n,
+                                                    const cpuattn_tensor* out,
+                                                    const cpuattn_attention_options* options,
+                                                    cpuattn_context* context);
 /* A cache shaped for this layer (kv_heads, head_dim, value_dim). */
 CPUATTN_API cpuattn_status cpuattn_mha_make_cache(const cpuattn_mha* mha, int64_t batch,
                                                   int64_t capacity, int growable,

@@ -7,6 +7,7 @@
 // enum (loading an out-of-range value of a C++ enum is undefined behaviour), so enums are read
 // through memcpy as integers and checked, and versioned structs are read field by field within
 // struct_size (never as a whole struct that may be shorter than ours).
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/cpuattn_c.h"
@@ -33,6 +35,9 @@ struct cpuattn_kv_cache {
 };
 struct cpuattn_mha {
   cpuattn::MultiHeadAttention mha;
+};
+struct cpuattn_paged_kv_cache {
+  cpuattn::PagedKvCache cache;
 };
 
 namespace {
@@ -303,6 +308,36 @@ cpuattn::AttentionOptions to_options(const cpuattn_attention_options* p) {
   return o;
 }
 
+// A paged cache's views from C: the versioned struct read within struct_size; a scales tensor
+// whose data is NULL is absent.
+cpuattn::PagedKv to_paged(const cpuattn_paged_kv* p) {
+  StructReader<cpuattn_paged_kv> r(need(p, "kv"), CPUATTN_PAGED_KV_MIN_SIZE, "kv",
+                                   "cpuattn_paged_kv");
+  r.field(&cpuattn_paged_kv::k_pages);
+  r.field(&cpuattn_paged_kv::v_pages);
+  r.field(&cpuattn_paged_kv::block_table);
+  r.field(&cpuattn_paged_kv::seq_lens);
+  r.field(&cpuattn_paged_kv::k_scales);
+  r.field(&cpuattn_paged_kv::v_scales);
+  const cpuattn_paged_kv& s = r.get();
+  cpuattn::PagedKv kv;
+  kv.k_pages = view_of<cpuattn::TensorView>(s.k_pages, "kv->k_pages");
+  kv.v_pages = view_of<cpuattn::TensorView>(s.v_pages, "kv->v_pages");
+  kv.block_table = view_of<cpuattn::TensorView>(s.block_table, "kv->block_table");
+  kv.seq_lens = view_of<cpuattn::TensorView>(s.seq_lens, "kv->seq_lens");
+  if (s.k_scales.data != nullptr)
+    kv.k_scales = view_of<cpuattn::TensorView>(s.k_scales, "kv->k_scales");
+  if (s.v_scales.data != nullptr)
+    kv.v_scales = view_of<cpuattn::TensorView>(s.v_scales, "kv->v_scales");
+  return kv;
+}
+
+std::vector<std::int64_t> seq_ids(const int64_t* seqs, int64_t n) {
+  if (n < 0) fail("n = " + std::to_string(n) + " sequences; expected n >= 0");
+  if (n > 0) need(seqs, "seqs");
+  return std::vector<std::int64_t>(seqs, seqs + n);
+}
+
 cpuattn::Context* context_of(cpuattn_context* c) { return c ? &c->context : nullptr; }
 const cpuattn::Context& context_or_default(const cpuattn_context* c) {
   return c ? c->context : cpuattn::default_context();
@@ -514,6 +549,140 @@ cpuattn_status cpuattn_reference_attention_varlen(const cpuattn_tensor* q, const
   });
 }
 
+// ------------------------------------------------------------------------- paged KV caches
+
+void cpuattn_paged_kv_init(cpuattn_paged_kv* kv) {
+  if (kv == nullptr) return;
+  std::memset(kv, 0, sizeof *kv);
+  kv->struct_size = sizeof *kv;
+}
+
+cpuattn_status cpuattn_attention_paged(const cpuattn_tensor* q, const cpuattn_paged_kv* kv,
+                                       const cpuattn_tensor* out,
+                                       const cpuattn_attention_options* options,
+                                       cpuattn_context* context) {
+  return guarded([&] {
+    const auto qv = in(q, "q");
+    const cpuattn::PagedKv pk = to_paged(kv);
+    const auto ov = out_view(out, "out");
+    cpuattn::attention(qv, pk, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_reference_attention_paged(const cpuattn_tensor* q,
+                                                 const cpuattn_paged_kv* kv,
+                                                 const cpuattn_tensor* out,
+                                                 const cpuattn_attention_options* options) {
+  return guarded([&] {
+    const auto qv = in(q, "q");
+    const cpuattn::PagedKv pk = to_paged(kv);
+    const auto ov = out_view(out, "out");
+    cpuattn::reference_attention(qv, pk, ov, to_options(options));
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_create(int64_t num_pages, int64_t page_size, int64_t kv_heads,
+                                             int64_t head_dim, int64_t value_dim,
+                                             cpuattn_dtype dtype, cpuattn_paged_kv_cache** out) {
+  return guarded([&] {
+    need(out, "out");
+    const DType d = to_dtype(dtype, "dtype");
+    auto c = std::unique_ptr<cpuattn_paged_kv_cache>(new cpuattn_paged_kv_cache{
+        cpuattn::PagedKvCache(num_pages, page_size, kv_heads, head_dim, value_dim, d)});
+    *out = c.release();
+  });
+}
+
+void cpuattn_paged_kv_cache_destroy(cpuattn_paged_kv_cache* cache) { delete cache; }
+
+cpuattn_status cpuattn_paged_kv_cache_add_sequence(cpuattn_paged_kv_cache* cache, int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.add_sequence();
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_fork(cpuattn_paged_kv_cache* cache, int64_t seq,
+                                           int64_t length, int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.fork(seq, length < 0 ? std::nullopt : std::optional<std::int64_t>(length));
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_append(cpuattn_paged_kv_cache* cache, int64_t seq,
+                                             const cpuattn_tensor* k, const cpuattn_tensor* v) {
+  return guarded([&] {
+    need(cache, "cache");
+    const auto kv = in(k, "k"), vv = in(v, "v");
+    cache->cache.append(seq, kv, vv);
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_truncate(cpuattn_paged_kv_cache* cache, int64_t seq,
+                                               int64_t length) {
+  return guarded([&] { need(cache, "cache")->cache.truncate(seq, length); });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_free_sequence(cpuattn_paged_kv_cache* cache, int64_t seq) {
+  return guarded([&] { need(cache, "cache")->cache.free(seq); });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_length(const cpuattn_paged_kv_cache* cache, int64_t seq,
+                                             int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.length(seq);
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_free_pages(const cpuattn_paged_kv_cache* cache,
+                                                 int64_t* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    *out = cache->cache.free_pages();
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_pages(const cpuattn_paged_kv_cache* cache, int64_t seq,
+                                            int32_t* ids, int64_t capacity, int64_t* count) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(count, "count");
+    if (capacity < 0) fail("capacity = " + std::to_string(capacity) + "; expected >= 0");
+    if (capacity > 0) need(ids, "ids");
+    const std::vector<std::int32_t> pages = cache->cache.pages(seq);
+    const auto n = static_cast<std::int64_t>(pages.size());
+    std::copy(pages.begin(), pages.begin() + std::min(n, capacity), ids);
+    *count = n;
+  });
+}
+
+cpuattn_status cpuattn_paged_kv_cache_batch(cpuattn_paged_kv_cache* cache, const int64_t* seqs,
+                                            int64_t n, cpuattn_paged_kv* out) {
+  return guarded([&] {
+    need(cache, "cache");
+    need(out, "out");
+    const std::size_t size =
+        checked_size(out, CPUATTN_PAGED_KV_MIN_SIZE, "out", "cpuattn_paged_kv");
+    const cpuattn::PagedKv kv = cache->cache.batch(seq_ids(seqs, n));
+    auto* bytes = reinterpret_cast<unsigned char*>(out);
+    auto put = [&](std::size_t offset, const cpuattn_tensor& t) {
+      if (offset + sizeof t <= size) std::memcpy(bytes + offset, &t, sizeof t);
+    };
+    put(offsetof(cpuattn_paged_kv, k_pages), to_c(kv.k_pages));
+    put(offsetof(cpuattn_paged_kv, v_pages), to_c(kv.v_pages));
+    put(offsetof(cpuattn_paged_kv, block_table), to_c(kv.block_table));
+    put(offsetof(cpuattn_paged_kv, seq_lens), to_c(kv.seq_lens));
+    put(offsetof(cpuattn_paged_kv, k_scales), scales_of(kv.k_scales));
+    put(offsetof(cpuattn_paged_kv, v_scales), scales_of(kv.v_scales));
+  });
+}
+
 // ------------------------------------------------------------------------------- KV caches
 
 cpuattn_status cpuattn_kv_cache_create(int64_t batch, int64_t kv_heads, int64_t head_dim,
@@ -716,6 +885,21 @@ cpuattn_status cpuattn_mha_decode(const cpuattn_mha* mha, const cpuattn_tensor* 
     need(cache, "cache");
     const auto ov = out_view(out, "out");
     mha->mha.decode(xv, cache->cache, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_mha_decode_paged(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                        cpuattn_paged_kv_cache* cache, const int64_t* seqs,
+                                        int64_t n, const cpuattn_tensor* out,
+                                        const cpuattn_attention_options* options,
+                                        cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto xv = in(x, "x");
+    need(cache, "cache");
+    const std::vector<std::int64_t> ids = seq_ids(seqs, n);
+    const auto ov = out_view(out, "out");
+    mha->mha.decode(xv, cache->cache, ids, ov, to_options(options), context_of(context));
   });
 }
 

@@ -1173,6 +1173,202 @@ static void test_varlen(void) {
   free(want_lse);
 }
 
+/* ------------------------------------------------------------------------- paged KV caches */
+
+/* Sequences 0 and 1 of 9 and 6 tokens, sequence 2 forked from sequence 0's first 5 tokens plus
+ * 2 of its own: cpuattn_attention_paged (causal bottom-right, ALiBi slopes per sequence) against
+ * the paged reference and against cpuattn_attention on each sequence's tokens laid out
+ * contiguously; then the errors, and int8 pools. */
+enum { PH = 4, PHKV = 2, PD = 8, PP = 4, PNP = 16 };
+
+static void test_paged(void) {
+  const int64_t lens[3] = {9, 6, 7};
+  float* k = random_floats((size_t)3 * PHKV * 9 * PD, 1.0f); /* [seq][Hkv][9][D] */
+  float* v = random_floats((size_t)3 * PHKV * 9 * PD, 1.0f);
+  float* q = random_floats((size_t)3 * PH * 2 * PD, 1.0f);
+  float* slopes = random_floats(3 * PH, 0.25f);
+  float* out = filled((size_t)3 * PH * 2 * PD, kSentinel);
+  float* want = filled((size_t)3 * PH * 2 * PD, kSentinel);
+  cpuattn_paged_kv_cache* cache = NULL;
+  cpuattn_paged_kv kv, bad;
+  cpuattn_attention_options opts;
+  cpuattn_tensor tq = f32_4d(q, 3, PH, 2, PD), to = f32_4d(out, 3, PH, 2, PD);
+  cpuattn_tensor tw = f32_4d(want, 3, PH, 2, PD), ts;
+  int64_t seq[3], n = 0, b, i;
+  int32_t ids[8], table[3 * 3];
+  int d;
+  for (i = 0; i < 3 * PH; ++i) slopes[i] = 0.05f + (slopes[i] < 0 ? -slopes[i] : slopes[i]);
+  /* Sequence 2 starts with sequence 0's first 5 tokens. */
+  for (d = 0; d < PHKV; ++d) {
+    memcpy(k + ((2 * PHKV + d) * 9) * PD, k + (d * 9) * PD, 5 * PD * sizeof(float));
+    memcpy(v + ((2 * PHKV + d) * 9) * PD, v + (d * 9) * PD, 5 * PD * sizeof(float));
+  }
+  EXPECT_OK(cpuattn_paged_kv_cache_create(PNP, PP, PHKV, PD, PD, CPUATTN_DTYPE_F32, &cache));
+  for (b = 0; b < 2; ++b) {
+    cpuattn_tensor tk = f32_3d(k + b * PHKV * 9 * PD, PHKV, lens[b], PD);
+    cpuattn_tensor tv = f32_3d(v + b * PHKV * 9 * PD, PHKV, lens[b], PD);
+    tk.strides[0] = tv.strides[0] = 9 * PD;
+    EXPECT_OK(cpuattn_paged_kv_cache_add_sequence(cache, &seq[b]));
+    EXPECT_OK(cpuattn_paged_kv_cache_append(cache, seq[b], &tk, &tv));
+  }
+  EXPECT_OK(cpuattn_paged_kv_cache_fork(cache, seq[0], 5, &seq[2]));
+  {
+    cpuattn_tensor tk = f32_3d(k + (2 * PHKV * 9 + 5) * PD, PHKV, 2, PD);
+    cpuattn_tensor tv = f32_3d(v + (2 * PHKV * 9 + 5) * PD, PHKV, 2, PD);
+    tk.strides[0] = tv.strides[0] = 9 * PD;
+    EXPECT_OK(cpuattn_paged_kv_cache_append(cache, seq[2], &tk, &tv));
+  }
+  EXPECT_OK(cpuattn_paged_kv_cache_pages(cache, seq[2], ids, 8, &n));
+  CHECK(n == 2);
+  {
+    int32_t ids0[8];
+    int64_t n0 = 0;
+    EXPECT_OK(cpuattn_paged_kv_cache_pages(cache, seq[0], ids0, 8, &n0));
+    CHECK(n0 == 3 && ids0[0] == ids[0] && ids0[1] != ids[1]); /* shared, then copied on write */
+  }
+  EXPECT_OK(cpuattn_paged_kv_cache_free_pages(cache, &n));
+  CHECK(n == PNP - 3 - 2 - 1);
+  EXPECT_OK(cpuattn_paged_kv_cache_length(cache, seq[2], &n));
+  CHECK(n == 7);
+
+  cpuattn_paged_kv_init(&kv);
+  EXPECT_OK(cpuattn_paged_kv_cache_batch(cache, seq, 3, &kv));
+  CHECK(kv.block_table.shape[0] == 3 && kv.k_scales.data == NULL);
+  cpuattn_attention_options_init(&opts);
+  opts.causal = CPUATTN_CAUSAL_BOTTOM_RIGHT;
+  ts = tensor(slopes, CPUATTN_DTYPE_F32, 2, 3, PH, 0, 0);
+  opts.alibi_slopes = &ts;
+  EXPECT_OK(cpuattn_attention_paged(&tq, &kv, &to, &opts, NULL));
+  EXPECT_OK(cpuattn_reference_attention_paged(&tq, &kv, &tw, &opts));
+  CHECK(close_to(out, want, (size_t)3 * PH * 2 * PD, kRtol, kAtol, "paged vs paged reference"));
+  for (b = 0; b < 3; ++b) {
+    /* The same sequence laid out contiguously, [1, Hkv, len, D] with a row stride of 9 tokens. */
+    cpuattn_tensor qb = f32_4d(q + b * PH * 2 * PD, 1, PH, 2, PD);
+    cpuattn_tensor ob = f32_4d(want + b * PH * 2 * PD, 1, PH, 2, PD);
+    cpuattn_tensor kb = f32_4d(k + b * PHKV * 9 * PD, 1, PHKV, lens[b], PD);
+    cpuattn_tensor vb = f32_4d(v + b * PHKV * 9 * PD, 1, PHKV, lens[b], PD);
+    cpuattn_tensor sb = tensor(slopes + b * PH, CPUATTN_DTYPE_F32, 1, PH, 0, 0, 0);
+    cpuattn_attention_options ob_opts = opts;
+    kb.strides[1] = vb.strides[1] = 9 * PD;
+    ob_opts.alibi_slopes = &sb;
+    EXPECT_OK(cpuattn_attention(&qb, &kb, &vb, &ob, &ob_opts, NULL));
+  }
+  CHECK(close_to(out, want, (size_t)3 * PH * 2 * PD, kRtol, kAtol, "paged vs contiguous"));
+
+  /* A block id outside the pool, struct_size 0, a wrong B: errors that write nothing. */
+  memcpy(table, kv.block_table.data, sizeof table);
+  table[1 * 3 + 0] = 99;
+  bad = kv;
+  bad.block_table.data = table;
+  for (i = 0; i < 3 * PH * 2 * PD; ++i) out[i] = kSentinel;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_attention_paged(&tq, &bad, &to, &opts, NULL));
+  EXPECT_MESSAGE("block_table[1, 0] = 99 is outside [0, num_pages)");
+  bad = kv;
+  bad.struct_size = 0;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_attention_paged(&tq, &bad, &to, &opts, NULL));
+  EXPECT_MESSAGE("kv->struct_size is 0");
+  tq.shape[0] = to.shape[0] = ts.shape[0] = 2;
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                cpuattn_attention_paged(&tq, &kv, &to, &opts, NULL));
+  EXPECT_MESSAGE("block_table has shape [3,3] but Q has B=2");
+  tq.shape[0] = to.shape[0] = ts.shape[0] = 3;
+  CHECK(all_equal(out, (size_t)3 * PH * 2 * PD, kSentinel));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_attention_paged(&tq, NULL, &to, &opts, NULL));
+  EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER, cpuattn_paged_kv_cache_batch(cache, NULL, 2, &kv));
+  /* A failed append (too few free pages) changes nothing. */
+  {
+    float* big = random_floats((size_t)PHKV * 64 * PD, 1.0f);
+    cpuattn_tensor tb = f32_3d(big, PHKV, 64, PD);
+    EXPECT_OK(cpuattn_paged_kv_cache_free_pages(cache, &n));
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_paged_kv_cache_append(cache, seq[1], &tb, &tb));
+    EXPECT_OK(cpuattn_paged_kv_cache_free_pages(cache, &i));
+    CHECK(i == n);
+    EXPECT_OK(cpuattn_paged_kv_cache_length(cache, seq[1], &n));
+    CHECK(n == 6);
+    free(big);
+  }
+  EXPECT_OK(cpuattn_paged_kv_cache_free_sequence(cache, seq[2]));
+  EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_paged_kv_cache_length(cache, seq[2], &n));
+  cpuattn_paged_kv_cache_destroy(cache);
+
+  /* int8 pools: the batch carries the scales; the fast path against the paged reference. */
+  EXPECT_OK(cpuattn_paged_kv_cache_create(PNP, PP, PHKV, PD, PD, CPUATTN_DTYPE_I8, &cache));
+  EXPECT_OK(cpuattn_paged_kv_cache_add_sequence(cache, &seq[0]));
+  {
+    cpuattn_tensor tk = f32_3d(k, PHKV, 9, PD), tv = f32_3d(v, PHKV, 9, PD);
+    EXPECT_OK(cpuattn_paged_kv_cache_append(cache, seq[0], &tk, &tv));
+  }
+  cpuattn_paged_kv_init(&kv);
+  EXPECT_OK(cpuattn_paged_kv_cache_batch(cache, seq, 1, &kv));
+  CHECK(kv.k_scales.data != NULL && kv.k_pages.dtype == CPUATTN_DTYPE_I8);
+  tq.shape[0] = 1;
+  to.shape[0] = tw.shape[0] = 1;
+  opts.alibi_slopes = NULL;
+  EXPECT_OK(cpuattn_attention_paged(&tq, &kv, &to, &opts, NULL));
+  EXPECT_OK(cpuattn_reference_attention_paged(&tq, &kv, &tw, &opts));
+  /* The native VNNI P V rounds the weights to int16: 2^-9 of max |v| (1). */
+  CHECK(close_to(out, want, (size_t)PH * 2 * PD, kRtol, 2e-3, "int8 paged vs reference"));
+  cpuattn_paged_kv_cache_destroy(cache);
+  free(k);
+  free(v);
+  free(q);
+  free(slopes);
+  free(out);
+  free(want);
+}
+
+/* MHA decoding on a paged cache (pages of 2 tokens) gives what it gives on a contiguous cache:
+ * 3 + 1 + 2 tokens for both sequences; a step with too few free pages changes nothing. */
+static void test_mha_decode_paged(void) {
+  mha_fixture f;
+  cpuattn_mha* mha = NULL;
+  cpuattn_kv_cache* flat = NULL;
+  cpuattn_paged_kv_cache* paged = NULL;
+  float* x = random_floats((size_t)MB * T * DM, 1.0f);
+  float* want = filled((size_t)MB * DM * 3, kSentinel);
+  float* out = filled((size_t)MB * DM * 3, kSentinel);
+  const int64_t steps[3] = {3, 1, 2};
+  int64_t seqs[MB], pos = 0, n = 0;
+  int s, b;
+  mha_fixture_init(&f);
+  EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &mha));
+  EXPECT_OK(cpuattn_mha_make_cache(mha, MB, T, 0, CPUATTN_DTYPE_F32, &flat));
+  EXPECT_OK(cpuattn_paged_kv_cache_create(7, 2, MHKV, HD, HD, CPUATTN_DTYPE_F32, &paged));
+  for (b = 0; b < MB; ++b) EXPECT_OK(cpuattn_paged_kv_cache_add_sequence(paged, &seqs[b]));
+  for (s = 0; s < 3; ++s) {
+    cpuattn_tensor xs = f32_3d(x + pos * DM, MB, steps[s], DM);
+    cpuattn_tensor tw = f32_3d(want, MB, steps[s], DM), to = f32_3d(out, MB, steps[s], DM);
+    xs.strides[0] = T * DM;
+    EXPECT_OK(cpuattn_mha_decode(mha, &xs, flat, &tw, NULL, NULL));
+    EXPECT_OK(cpuattn_mha_decode_paged(mha, &xs, paged, seqs, MB, &to, NULL, NULL));
+    CHECK(close_to(out, want, (size_t)MB * steps[s] * DM, kRtol, kAtol, "paged mha decode"));
+    pos += steps[s];
+  }
+  /* 6 tokens of 2 sequences hold 6 of the 7 pages: 2 more tokens each need 2 pages. */
+  {
+    cpuattn_tensor xs = f32_3d(x, MB, 2, DM), to = f32_3d(out, MB, 2, DM);
+    xs.strides[0] = T * DM;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_mha_decode_paged(mha, &xs, paged, seqs, MB, &to, NULL, NULL));
+    EXPECT_OK(cpuattn_paged_kv_cache_length(paged, seqs[0], &n));
+    CHECK(n == 6);
+    EXPECT_OK(cpuattn_paged_kv_cache_free_pages(paged, &n));
+    CHECK(n == 1);
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                  cpuattn_mha_decode_paged(mha, &xs, paged, NULL, MB, &to, NULL, NULL));
+  }
+  cpuattn_paged_kv_cache_destroy(paged);
+  cpuattn_kv_cache_destroy(flat);
+  cpuattn_mha_destroy(mha);
+  mha_fixture_free(&f);
+  free(x);
+  free(want);
+  free(out);
+}
+
 int main(void) {
   test_version_and_names();
   test_tensor_helpers();
@@ -1186,6 +1382,8 @@ int main(void) {
   test_struct_size();
   test_variants();
   test_varlen();
+  test_paged();
+  test_mha_decode_paged();
   test_internal_status();
   test_out_of_memory(); /* last: it briefly limits the address space */
   if (g_failures) {
