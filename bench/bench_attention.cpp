@@ -5,8 +5,8 @@
 // machine's logical CPUs. Google Benchmark writes JSON with --benchmark_out, and its compare.py
 // (Debian's libbenchmark-tools) compares two such files (README, "Benchmarking and profiling"):
 //   build/release/bench/bench_attention --benchmark_filter='Fused/P1/highway'
-//   build/release/bench/bench_attention --benchmark_filter=Fused/ --benchmark_out=run.json \
-//       --benchmark_out_format=json --benchmark_repetitions=5
+//   build/release/bench/bench_attention --benchmark_filter=Fused/ --benchmark_out=run.json
+//       --benchmark_out_format=json --benchmark_repetitions=5   (one command line)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -93,7 +93,9 @@ void ThreadArgs(benchmark::internal::Benchmark* b) {
 }
 
 int Register() {
-  for (const auto& [name_, s] : cpuattn::bench::named_shapes()) {
+  for (const auto& named : cpuattn::bench::named_shapes()) {
+    // Not a structured binding: clang 14 cannot capture one in the lambdas below.
+    const auto& s = named.second;
     for (Simd simd : {Simd::highway, Simd::xsimd}) {
       for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
         if (simd == Simd::xsimd && t == Target::scalar) continue;  // xsimd has no scalar unit

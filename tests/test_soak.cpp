@@ -97,7 +97,9 @@ TEST(Soak, ThreadChurnWithScratchLimitZeroStaysFlat) {
   ctx.set_scratch_limit(0);  // nothing kept between uses
   const std::size_t growth = churn(ctx, 60, 15, false);
   std::printf("RSS growth after warm-up: %.1f MiB\n", static_cast<double>(growth) / (1 << 20));
-  if (kRssMeaningful) EXPECT_LT(growth, std::size_t{24} << 20);
+  if (kRssMeaningful) {
+    EXPECT_LT(growth, std::size_t{24} << 20);
+  }
   EXPECT_EQ(ctx.retained_scratch_bytes(), 0u);
 }
 
@@ -105,7 +107,9 @@ TEST(Soak, ThreadChurnWithTrimAtQuietPointsStaysFlat) {
   Context ctx(2);
   const std::size_t growth = churn(ctx, 60, 15, true);
   std::printf("RSS growth after warm-up: %.1f MiB\n", static_cast<double>(growth) / (1 << 20));
-  if (kRssMeaningful) EXPECT_LT(growth, std::size_t{24} << 20);
+  if (kRssMeaningful) {
+    EXPECT_LT(growth, std::size_t{24} << 20);
+  }
 }
 
 TEST(Soak, ALimitGivesBackAHugeRequestsMemory) {
@@ -126,13 +130,17 @@ TEST(Soak, ALimitGivesBackAHugeRequestsMemory) {
               f32_view(context.data(), {1, Lq, 1}), opts, &ctx);
   const std::size_t kept = rss_bytes();
   EXPECT_GE(ctx.retained_scratch_bytes(), std::size_t{64} << 20);
-  if (kRssMeaningful) EXPECT_GT(kept, before + (std::size_t{48} << 20)) << "64 MiB stay resident";
+  if (kRssMeaningful) {
+    EXPECT_GT(kept, before + (std::size_t{48} << 20)) << "64 MiB stay resident";
+  }
   // The same thread's next use frees what is above the limit.
   ctx.set_scratch_limit(std::size_t{1} << 20);
   mul.forward(f32_view(h.data(), {1, 1, 1}), f32_view(s.data(), {1, 1, de}),
               f32_view(context.data(), {1, 1, 1}), opts, &ctx);
   EXPECT_LE(ctx.retained_scratch_bytes(), std::size_t{3} << 20);
-  if (kRssMeaningful) EXPECT_LT(rss_bytes(), kept - (std::size_t{48} << 20)) << "given back";
+  if (kRssMeaningful) {
+    EXPECT_LT(rss_bytes(), kept - (std::size_t{48} << 20)) << "given back";
+  }
 }
 
 TEST(Soak, GrowableCacheDecodes100kTokens) {
@@ -161,7 +169,9 @@ TEST(Soak, GrowableCacheDecodes100kTokens) {
   }
   EXPECT_LE(growths, 14);  // 16 -> 131072 is 13 doublings
   // K and V of 100k tokens are 3.2 MB; the doubling copies are freed as they go.
-  if (kRssMeaningful) EXPECT_LT(rss_bytes(), rss_before + (std::size_t{32} << 20));
+  if (kRssMeaningful) {
+    EXPECT_LT(rss_bytes(), rss_before + (std::size_t{32} << 20));
+  }
 
   // The last step equals cross attention of its tokens over all 100k, bottom-right causal.
   std::vector<float> want(out.size());
