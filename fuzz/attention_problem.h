@@ -224,6 +224,37 @@ inline void fill_values(Problem& p, Reader& in, std::uint64_t seed) {
   }
 }
 
+// Whole K and V rows of up to three keys that some query row does not attend (a mask, causality,
+// key lengths) become NaN or +-inf, as batch padding, recycled pages and pre-allocated cache slots
+// hold: the rows that exclude such a key must not see it (README, guarantees); the rows that
+// attend it propagate it, as the reference does.
+inline void poison_excluded(Problem& p, Reader& in) {
+  static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf};
+  const bool verbose = std::getenv("CPUATTN_FUZZ_VERBOSE") != nullptr;
+  const auto n = in.range(0, 3);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t b = in.range(0, p.B - 1), hk = in.range(0, p.Hkv - 1);
+    const auto j = static_cast<std::int64_t>(in.bits(2) % static_cast<std::uint64_t>(p.Lk));
+    const float value = in.pick(kPoisons);
+    const auto which = in.range(0, 2);  // K, V or both
+    bool excluded = false;
+    for (std::int64_t h = hk * (p.H / p.Hkv); h < (hk + 1) * (p.H / p.Hkv); ++h)
+      for (std::int64_t i = 0; i < p.Lq; ++i) excluded = excluded || !p.visible(b, h, i, j);
+    if (!excluded) continue;
+    if (verbose)
+      std::fprintf(stderr, "poison %g in %s of key %lld (b %lld, hk %lld)\n", value,
+                   which == 0   ? "K"
+                   : which == 1 ? "V"
+                                : "K and V",
+                   static_cast<long long>(j), static_cast<long long>(b),
+                   static_cast<long long>(hk));
+    if (which != 1)
+      for (std::int64_t d = 0; d < p.D; ++d) p.k.at(b, hk, j, d) = value;
+    if (which != 0)
+      for (std::int64_t d = 0; d < p.Dv; ++d) p.v.at(b, hk, j, d) = value;
+  }
+}
+
 // The problem in words, for reproducing a finding (printed when CPUATTN_FUZZ_VERBOSE is set).
 inline void describe(const Problem& p) {
   std::fprintf(stderr, "B%lld H%lld Hkv%lld Lq%lld Lk%lld D%lld Dv%lld scale %g causal %d mask %s",

@@ -62,7 +62,6 @@ struct RowInfo {
   bool any_visible = false;              // some key is attended
   bool nonfinite = false;                // a NaN or Inf in Q, K, V or the mask reaches the row
   bool in_range = true;                  // its finite data stays far inside f32's range
-  bool known_bug = false;                // see KNOWN BUG (masked keys) in compare_row
   bool f32_blind = false;                // beyond f32: see analyze
   std::vector<std::int64_t> blind_cols;  // output columns f32 weights cannot resolve
   double score_mag = 0, vmax = 0;        // for the tolerance
@@ -92,17 +91,13 @@ RowInfo analyze(const Problem& p, const Dense& q, const Dense& k, const Dense& v
       r.f32_blind |=
           !std::isfinite(kr[d]) && qr[d] != 0 && std::fabs(qr[d] * scale * kLog2e) < 0x1p-148;
     }
-    // Q is scaled in f32 before the dot product, whose terms are f32 too.
-    const bool overflows = sum * std::max(scale, 1.0) > kHuge || qmax * scale * 2 > kHuge;
     const float m = p.mask_kind == 2 ? p.mask_at(b, h, i, j) : 0.0f;
     for (std::int64_t d = 0; d < p.Dv; ++d) {
       if (std::isfinite(vr[d])) continue;
-      r.known_bug |= w[j] == 0.0;  // masked, or exp() underflowed in double too
       // Below 2^-126 the fast path's exp2 gives 0 (its stated range) where the reference still
       // has a weight: a NaN or Inf in V there gives the reference NaN or Inf, beyond f32.
       if (w[j] > 0 && w[j] < 0x1p-125) r.blind_cols.push_back(d);
     }
-    r.known_bug |= m == -kInf && (qk_nonfinite || overflows);
     if (!p.visible(b, h, i, j)) continue;
     r.any_visible = true;
     r.nonfinite = r.nonfinite || qk_nonfinite || !std::isfinite(m);
@@ -146,6 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // decoding to the same problems and still covers both providers.
   const Simd simd = size % 2 == 1 ? Simd::xsimd : Simd::highway;
   fill_values(p, in, 0x2545F4914F6CDD1DULL * (size + 1));
+  poison_excluded(p, in);
   const bool verbose = std::getenv("CPUATTN_FUZZ_VERBOSE") != nullptr;
   if (verbose) describe(p);
 
@@ -206,15 +202,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     r.nonfinite ? ", reached by NaN/Inf" : "");
       return std::string(buf);
     };
-    // KNOWN BUG (masked keys take part in the arithmetic). (1) The fast path multiplies every
-    // key's weight with its V row, also for keys of weight 0 (masked, or exp() underflowed),
-    // and 0 * NaN or 0 * Inf is NaN. (2) An additive -inf is added to the score, and NaN or
-    // +inf (a NaN or Inf in Q or K, or an f32 dot product that overflows) plus -inf is NaN.
-    // Either way a NaN or Inf at a key the row does not attend gives the row NaN (README: a
-    // fully masked row gives 0, and NaN or Inf reach only the rows that attend them; the
-    // reference skips such keys). These rows are not compared until the kernels select
-    // instead of multiplying and adding.
-    if (r.known_bug || r.f32_blind) continue;
+    // Keys of weight 0 (excluded, or exp() underflowed) never reach a row, whatever their K and
+    // V hold, in both paths: such rows are compared like any other (poison_excluded plants them).
+    if (r.f32_blind) continue;
     const double got_lse = lse[static_cast<std::size_t>(row)];
     if (!r.any_visible) {
       for (std::int64_t d = 0; d < p.Dv; ++d) {

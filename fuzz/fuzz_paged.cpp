@@ -18,6 +18,7 @@
 // ceil(len / P) table entries of each sequence in [0, num_pages) (the rest may hold anything);
 // k_scales / v_scales given exactly when the pages are int8; no mask or key_lengths option; a
 // soft-cap that is 0 or finite and positive; window sides >= -1.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -183,6 +184,38 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // int8 pages there: decoding steps' P V on VNNI, weights quantized per block of 128 keys, out
   // off by 2^-9 max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1]
   // / 127 (vmax >= max|code| 0.5 / 127, and the error scales with max|code| too).
+  // Pool rows that no query of any sequence attends (past every length, in unused pages, or left
+  // of every row's window) hold NaN or +-inf, as recycled pages do; int8 rows through their
+  // scales. No output may change for them (README, guarantees).
+  if (valid && in.chance(50)) {
+    static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(),
+                                     std::numeric_limits<float>::infinity(),
+                                     -std::numeric_limits<float>::infinity()};
+    const float poison = in.pick(kPoisons);
+    std::vector<bool> live(static_cast<std::size_t>(num_pages * P), false);
+    for (std::int64_t b = 0; b < B; ++b) {
+      // Query 0 sits at position len - Lq and sees the earliest keys: from pos - window_left.
+      const std::int64_t first =
+          o.window_left >= 0 ? std::max<std::int64_t>(0, lens[b] - Lq - o.window_left) : 0;
+      for (std::int64_t j = first; j < lens[b]; ++j)
+        live[static_cast<std::size_t>(table[b * max_pages + j / P] * P + j % P)] = true;
+    }
+    for (std::int64_t page = 0; page < num_pages; ++page)
+      for (std::int64_t slot = 0; slot < P; ++slot) {
+        if (live[static_cast<std::size_t>(page * P + slot)]) continue;
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+          const std::int64_t row = (page * Hkv + h) * P + slot;
+          if (dt == DType::i8) {
+            ks[static_cast<std::size_t>(row)] = vs[static_cast<std::size_t>(row)] = poison;
+            continue;
+          }
+          for (std::int64_t d = 0; d < D; ++d)
+            store(kp, dt, static_cast<std::size_t>(row * D + d), poison);
+          for (std::int64_t d = 0; d < Dv; ++d)
+            store(vp, dt, static_cast<std::size_t>(row * Dv + d), poison);
+        }
+      }
+  }
   const bool native_unit = std::string(active_bf16_path(context(target, threads))) == "avx512_bf16";
   const bool native = dt == DType::bf16 && native_unit;
   const bool native_i8 = dt == DType::i8 && native_unit;
@@ -251,8 +284,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     static_cast<std::size_t>(Dv) * es);
         ksg[dst] = ks[src];
         vsg[dst] = vs[src];
-        for (std::int64_t d = 0; d < Dv; ++d)
-          vmax = std::fmax(vmax, std::fabs(value_of(vp, dt, src * Dv + d, vs[src])));
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          const double x = std::fabs(value_of(vp, dt, src * Dv + d, vs[src]));
+          if (std::isfinite(x)) vmax = std::fmax(vmax, x);  // not the poisoned rows
+        }
       }
     }
     AttentionOptions od = o;
