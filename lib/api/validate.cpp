@@ -14,6 +14,7 @@
 #include "api/checks.h"
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "core/softmax.h"
 
 namespace cpuattn {
 
@@ -62,6 +63,21 @@ std::string shapes_of(std::initializer_list<std::pair<const char*, const TensorV
 
 [[noreturn]] void fail(const std::string& what) { throw Error("cpuattn: " + what); }
 
+// A value in a message, %.9g (std::to_string spells 3e38 out in 39 digits).
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r))
+    fail(std::string(what) + " = " + std::to_string(a) + " x " + std::to_string(b) +
+         " overflows 64 bits");
+  return r;
+}
+
 Extent extent_of(const char* name, const TensorView& t) {
   std::int64_t last = 0;  // largest element offset
   std::int64_t count = 1;
@@ -83,7 +99,7 @@ Extent extent_of(const char* name, const TensorView& t) {
     fail(std::string(name) + " " + shape_str(t) + ": size or offsets overflow the address space");
   }
   const auto lo = reinterpret_cast<std::uintptr_t>(t.data);
-  return {lo, lo + static_cast<std::uintptr_t>(bytes)};
+  return {lo, lo + static_cast<std::uintptr_t>(bytes), t};
 }
 
 // Common checks of a tensor argument: present, known rank, positive sizes, strides >= 0
@@ -156,6 +172,10 @@ const float* check_per_head(const char* name, const TensorView& t, const Problem
     if (!std::isfinite(x) && !(allow_neg_inf && x == -std::numeric_limits<float>::infinity()))
       fail(std::string(name) + "[" + std::to_string(h) + "] = " + std::to_string(x) +
            (allow_neg_inf ? " is not finite or -inf" : " is not finite"));
+    if (std::isfinite(x) && std::abs(x) > kMaxNatural)
+      fail(std::string(name) + "[" + std::to_string(h) + "] = " + number(x) + " is outside [-" +
+           number(kMaxNatural) + ", " + number(kMaxNatural) +
+           "], the range the kernels' log2 units carry");
   }
   return data;
 }
@@ -180,9 +200,14 @@ void check_alibi_slopes(const TensorView& t, std::int64_t batches, Problem& p) {
   for (std::int64_t b = 0; b < (per_batch ? batches : 1); ++b)
     for (std::int64_t h = 0; h < p.H; ++h) {
       const float x = p.alibi[b * p.alibi_bs + h * p.alibi_s];
-      if (!std::isfinite(x))
-        fail("alibi_slopes[" + (per_batch ? std::to_string(b) + ", " : std::string()) +
-             std::to_string(h) + "] = " + std::to_string(x) + " is not finite");
+      const std::string at = "alibi_slopes[" +
+                             (per_batch ? std::to_string(b) + ", " : std::string()) +
+                             std::to_string(h) + "] = " + number(x);
+      if (!std::isfinite(x)) fail(at + " is not finite");
+      if (std::abs(x) > kMaxAlibiSlope)
+        fail(at +
+             " is outside [-1e20, 1e20] (slope x distance must stay within the kernels' "
+             "log2 range)");
     }
 }
 
@@ -265,12 +290,93 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
   }
 }
 
+namespace {
+
+// Whether views a and b share a byte: yes, no, or not decided within the work bound. Element x of
+// a occupies bytes [pa + sum_d x_d sa_d ea, + ea); the views share a byte iff some x, y give
+// sum_d sa_d ea x_d - sum_d sb_d eb y_d in [pb - pa - ea + 1, pb - pa + eb - 1]. The terms are
+// fixed largest stride first, each to the values that leave the interval reachable by the terms
+// left (so strided layouts with nested strides take one or two values per term).
+enum class Shared { no, yes, unknown };
+
+Shared share_bytes(const TensorView& a, const TensorView& b) {
+  struct Term {
+    __int128 coef;   // signed: + for a's dimensions, - for b's
+    std::int64_t n;  // values 0 .. n - 1
+  };
+  std::array<Term, 2 * kMaxRank> terms{};
+  int nt = 0;
+  const auto add = [&](const TensorView& t, int sign) {
+    const auto e = static_cast<__int128>(dtype_size(t.dtype));
+    for (int d = 0; d < t.rank; ++d)
+      if (t.shape[d] > 1 && t.strides[d] != 0)
+        terms[nt++] = {sign * static_cast<__int128>(t.strides[d]) * e, t.shape[d]};
+  };
+  add(a, 1);
+  add(b, -1);
+  // Insertion sort of at most 8 terms by |coef|, largest first.
+  const auto mag = [](const Term& t) { return t.coef < 0 ? -t.coef : t.coef; };
+  for (int x = 1; x < nt; ++x)
+    for (int y = x; y > 0 && mag(terms[y]) > mag(terms[y - 1]); --y)
+      std::swap(terms[y], terms[y - 1]);
+  // Reach of terms k.. : [lo[k], hi[k]].
+  std::array<__int128, 2 * kMaxRank + 1> lo{}, hi{};
+  for (int k = nt - 1; k >= 0; --k) {
+    const __int128 span = terms[k].coef * (terms[k].n - 1);
+    lo[k] = lo[k + 1] + (span < 0 ? span : 0);
+    hi[k] = hi[k + 1] + (span > 0 ? span : 0);
+  }
+  const __int128 base = static_cast<__int128>(reinterpret_cast<std::uintptr_t>(b.data)) -
+                        static_cast<__int128>(reinterpret_cast<std::uintptr_t>(a.data));
+  const __int128 want_lo = base - static_cast<__int128>(dtype_size(a.dtype)) + 1;
+  const __int128 want_hi = base + static_cast<__int128>(dtype_size(b.dtype)) - 1;
+  std::int64_t work = 1 << 20;
+  // Whether terms k.. can sum into [wlo, whi].
+  const auto search = [&](const auto& self, int k, __int128 wlo, __int128 whi) -> Shared {
+    if (wlo > hi[k] || whi < lo[k]) return Shared::no;
+    if (k == nt) return Shared::yes;
+    if (--work < 0) return Shared::unknown;
+    const __int128 c = terms[k].coef;
+    // x with c x + (terms k+1..) in [wlo, whi]: c x in [wlo - hi[k+1], whi - lo[k+1]].
+    __int128 xlo = 0, xhi = terms[k].n - 1;
+    const __int128 r0 = wlo - hi[k + 1], r1 = whi - lo[k + 1];
+    const auto floor_div = [](__int128 p, __int128 q) {
+      return p / q - ((p % q != 0) && ((p < 0) != (q < 0)) ? 1 : 0);
+    };
+    const auto ceil_div = [&](__int128 p, __int128 q) { return -floor_div(-p, q); };
+    if (c > 0) {
+      xlo = std::max(xlo, ceil_div(r0, c));
+      xhi = std::min(xhi, floor_div(r1, c));
+    } else {
+      xlo = std::max(xlo, ceil_div(r1, c));
+      xhi = std::min(xhi, floor_div(r0, c));
+    }
+    Shared result = Shared::no;
+    for (__int128 x = xlo; x <= xhi; ++x) {
+      const Shared s = self(self, k + 1, wlo - c * x, whi - c * x);
+      if (s == Shared::yes) return s;
+      if (s == Shared::unknown) result = s;
+    }
+    return result;
+  };
+  return search(search, 0, want_lo, want_hi);
+}
+
+}  // namespace
+
 void check_disjoint(const char* out_name, const Extent& o,
                     std::initializer_list<std::pair<const char*, Extent>> others) {
   for (const auto& [name, e] : others) {
-    if (o.lo < e.hi && e.lo < o.hi) {
+    if (!(o.lo < e.hi && e.lo < o.hi)) continue;
+    const Shared s =
+        o.view.rank == 0 || e.view.rank == 0 ? Shared::yes : share_bytes(o.view, e.view);
+    if (s == Shared::yes) {
       fail(std::string(out_name) + " overlaps " + name + " in memory (outputs must not alias " +
            "inputs or other outputs)");
+    }
+    if (s == Shared::unknown) {
+      fail(std::string(out_name) + " may overlap " + name + ": their address ranges interleave " +
+           "in a way too costly to resolve (outputs must not alias inputs or other outputs)");
     }
   }
 }
@@ -500,7 +606,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   return p;
 }
 
-}  // namespace
+}  // namespace detail
 }  // namespace cpuattn
 
 namespace cpuattn {

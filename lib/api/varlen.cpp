@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api/attention.h"
@@ -57,6 +58,11 @@ std::vector<std::int64_t> offsets(const TensorView& cu, const char* name, std::i
          "; expected int32 or int64");
   if (cu.data == nullptr) fail(std::string(name) + " " + shape_str(cu) + ": data is null");
   if (cu.strides[0] < 0) fail(std::string(name) + ": negative stride");
+  // The same extent and alignment checks as every other tensor, before anything is read.
+  extent_of(name, cu);
+  if (reinterpret_cast<std::uintptr_t>(cu.data) % dtype_size(cu.dtype) != 0)
+    fail(std::string(name) + " " + shape_str(cu) + ": data is not aligned to its " +
+         std::to_string(dtype_size(cu.dtype)) + "-byte " + dtype_name(cu.dtype) + " elements");
   std::vector<std::int64_t> o(static_cast<std::size_t>(cu.shape[0]));
   for (std::size_t i = 0; i < o.size(); ++i) {
     const auto at = static_cast<std::int64_t>(i) * cu.strides[0];
@@ -98,6 +104,25 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
         "key_lengths is not supported with cu_seqlens (packed batches): the offsets give each "
         "sequence's length");
   if (opts.weights) fail("weights is not supported with cu_seqlens (packed batches)");
+  // The packed shapes against each other first, so that a mismatch is reported in the caller's
+  // [total, heads, d] terms, not in those of the [1, heads, total, d] views validate() reads.
+  const std::string shapes = " (q " + shape_str(q) + ", k " + shape_str(k) + ", v " +
+                             shape_str(v) + ", out " + shape_str(out) + ")";
+  for (const auto& [name, t] : {std::pair{"Q", &q}, {"K", &k}, {"V", &v}})
+    if (t->rank != 3)
+      fail(std::string(name) + " has rank " + std::to_string(t->rank) + " " + shape_str(*t) +
+           "; packed batches take [total, heads, d]");
+  if (out.rank != 3)
+    fail("out has rank " + std::to_string(out.rank) + " " + shape_str(out) +
+         "; packed batches take [total_q, H, Dv]");
+  if (k.shape[0] != v.shape[0] || k.shape[1] != v.shape[1])
+    fail("k and v must have the same total_k and Hkv" + shapes);
+  if (k.shape[2] != q.shape[2]) fail("q and k must have the same head dimension D" + shapes);
+  if (k.shape[1] < 1 || q.shape[1] % k.shape[1] != 0)
+    fail("q's heads H must be a multiple of k's Hkv" + shapes);
+  if (out.shape[0] != q.shape[0] || out.shape[1] != q.shape[1] || out.shape[2] != v.shape[2])
+    fail("out must be [total_q, H, Dv] = [" + std::to_string(q.shape[0]) + "," +
+         std::to_string(q.shape[1]) + "," + std::to_string(v.shape[2]) + "]" + shapes);
   AttentionOptions o = opts;
   // Slopes per sequence ([B, H]) are checked against the number of sequences, not Q's B = 1.
   if (opts.alibi_slopes && opts.alibi_slopes->rank == 2) o.alibi_slopes.reset();

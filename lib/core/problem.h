@@ -116,11 +116,14 @@ struct Problem {
     std::int64_t end = key_length(b);
     if (causal == Causal::top_left) end = std::min(end, i + 1);
     if (causal == Causal::bottom_right) end = std::min(end, pos(i) + 1);
-    if (window_right >= 0) end = std::min(end, pos(i) + window_right + 1);
+    // A window side of any size (up to INT64_MAX) is exact: pos(i) + window_right is formed only
+    // where it is below `end` (|pos(i)| and end are sizes, far from overflow).
+    if (window_right >= 0 && window_right < end - pos(i)) end = pos(i) + window_right + 1;
     return std::max<std::int64_t>(end, 0);
   }
   CPUATTN_ALWAYS_INLINE std::int64_t key_begin(std::int64_t i) const {
-    return window_left >= 0 ? std::clamp<std::int64_t>(pos(i) - window_left, 0, Lk) : 0;
+    if (window_left < 0 || window_left >= pos(i)) return 0;
+    return std::min(pos(i) - window_left, Lk);
   }
 };
 

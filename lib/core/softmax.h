@@ -14,6 +14,17 @@ namespace cpuattn::detail {
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The range of that log2 domain, for the finite values a caller gives in natural units. Additive
+// mask entries saturate at +-kMaxLog2 = 2^126 in log2 units (+-kMaxNatural, about 5.9e37, in the
+// caller's): the sum of a score and a mask term then stays finite, so a finite mask never makes
+// inf - inf = NaN (Hugging Face pads with float32's lowest, -3.4e38, which times log2(e)
+// overflowed). Mask values beyond +-kMaxNatural act as +-kMaxNatural, in the reference too
+// (mask_term). Sinks must lie within +-kMaxNatural and ALiBi slopes within +-kMaxAlibiSlope (a
+// slope times a distance below 2^31 stays below 2^126 in log2 units): validation rejects more.
+inline constexpr float kMaxLog2 = 0x1p126f;
+inline constexpr double kMaxNatural = 0x1p126 / 1.4426950408889634;
+inline constexpr double kMaxAlibiSlope = 1e20;
+
 // A row's state after its last key: m = max score (log2 units; -inf when every key was masked,
 // NaN when a NaN reached it), l = sum of 2^(s - m), and the head's sink logit (log2 units; -inf
 // without one), which joins the denominator only (AttentionOptions::sinks).

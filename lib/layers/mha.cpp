@@ -1,7 +1,9 @@
 // MultiHeadAttention and KvCache: projections by Linear, heads by strides, the fused kernel.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/attention.h"
@@ -88,13 +90,20 @@ void check_optional_outputs(const AttentionOptions& opts, const detail::Extent& 
 constexpr std::int64_t kMaxFloats = std::int64_t{1} << 40;  // 4 TiB of K or of V
 
 struct KvCache::Storage {
-  std::int64_t B, Hkv, D, Dv, capacity, length = 0;
+  std::int64_t B, Hkv, D, Dv;
   bool growable;
   DType dtype;
-  // [B, Hkv, capacity, D] and [.., Dv] elements of `dtype`, as bytes; with int8, one f32 scale
-  // per token of each K/V head, [B, Hkv, capacity] (quantize_int8).
-  std::vector<std::uint8_t> k, v;
-  std::vector<float> k_scale, v_scale;
+  // The token buffers: [B, Hkv, capacity, D] and [.., Dv] elements of `dtype`, as bytes; with
+  // int8, one f32 scale per token of each K/V head, [B, Hkv, capacity] (quantize_int8). A growing
+  // step fills a new Tokens and swaps it in last, so that a step that fails changes nothing, and
+  // an append may read views of the cache's own tokens (keys(), values()).
+  struct Tokens {
+    std::int64_t capacity = 0;
+    std::vector<std::uint8_t> k, v;
+    std::vector<float> k_scale, v_scale;
+  };
+  Tokens t;
+  std::int64_t length = 0;
   std::int64_t esize() const { return static_cast<std::int64_t>(dtype_size(dtype)); }
 
   std::string dims() const {
@@ -104,40 +113,40 @@ struct KvCache::Storage {
   // The most tokens a cache of these dimensions may hold.
   std::int64_t max_capacity() const { return kMaxFloats / (B * Hkv * std::max(D, Dv)); }
 
-  // Allocates the new buffers before touching the old ones: on std::bad_alloc nothing changed.
-  void grow_to(std::int64_t cap) {
+  // New buffers of `cap` tokens holding the cached ones; allocated before anything changes (on
+  // std::bad_alloc nothing did).
+  Tokens grown(std::int64_t cap) const {
     if (cap > max_capacity()) {
       fail("KvCache: capacity " + std::to_string(cap) + " is too large for " + dims() +
            " (at most " + std::to_string(max_capacity()) + " tokens)");
     }
-    const std::int64_t e = esize();
-    std::vector<std::uint8_t> nk(static_cast<std::size_t>(B * Hkv * cap * D * e));
-    std::vector<std::uint8_t> nv(static_cast<std::size_t>(B * Hkv * cap * Dv * e));
+    const std::int64_t e = esize(), old = t.capacity;
+    Tokens n;
+    n.capacity = cap;
+    n.k.resize(static_cast<std::size_t>(B * Hkv * cap * D * e));
+    n.v.resize(static_cast<std::size_t>(B * Hkv * cap * Dv * e));
     const bool scaled = dtype == DType::i8;
-    std::vector<float> nks(scaled ? static_cast<std::size_t>(B * Hkv * cap) : 0);
-    std::vector<float> nvs(nks.size());
+    n.k_scale.resize(scaled ? static_cast<std::size_t>(B * Hkv * cap) : 0);
+    n.v_scale.resize(n.k_scale.size());
     for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
-      std::copy_n(k.begin() + bh * capacity * D * e, length * D * e, nk.begin() + bh * cap * D * e);
-      std::copy_n(v.begin() + bh * capacity * Dv * e, length * Dv * e,
-                  nv.begin() + bh * cap * Dv * e);
+      std::copy_n(t.k.begin() + bh * old * D * e, length * D * e, n.k.begin() + bh * cap * D * e);
+      std::copy_n(t.v.begin() + bh * old * Dv * e, length * Dv * e,
+                  n.v.begin() + bh * cap * Dv * e);
       if (scaled) {
-        std::copy_n(k_scale.begin() + bh * capacity, length, nks.begin() + bh * cap);
-        std::copy_n(v_scale.begin() + bh * capacity, length, nvs.begin() + bh * cap);
+        std::copy_n(t.k_scale.begin() + bh * old, length, n.k_scale.begin() + bh * cap);
+        std::copy_n(t.v_scale.begin() + bh * old, length, n.v_scale.begin() + bh * cap);
       }
     }
-    k.swap(nk);
-    v.swap(nv);
-    k_scale.swap(nks);
-    v_scale.swap(nvs);
-    capacity = cap;
+    return n;
   }
 
-  // Room for n more tokens, or an error that changes nothing.
-  void make_room(std::int64_t n) {
-    if (n <= capacity - length) return;
+  // The buffers that n more tokens go into: the present ones when they have room, else grown
+  // ones (not yet swapped in: commit() does), or an error that changes nothing.
+  std::optional<Tokens> room_for(std::int64_t n) const {
+    if (n <= t.capacity - length) return std::nullopt;
     if (!growable) {
       fail("KV cache is full: " + std::to_string(length) + " cached + " + std::to_string(n) +
-           " new tokens > capacity " + std::to_string(capacity) +
+           " new tokens > capacity " + std::to_string(t.capacity) +
            " (a fixed-capacity cache; construct it growable or reserve() more)");
     }
     const std::int64_t limit = max_capacity();
@@ -148,57 +157,69 @@ struct KvCache::Storage {
     }
     // Doubling keeps appends amortized O(1); never past the limit (capacity <= limit, so 2 *
     // capacity does not overflow).
-    grow_to(std::max(std::min(2 * capacity, limit), length + n));
+    return grown(std::max(std::min(2 * t.capacity, limit), length + n));
+  }
+
+  // The last step of a call that changes the cache: nothing after it throws.
+  void commit(std::optional<Tokens>& g, std::int64_t new_length) noexcept {
+    if (g) std::swap(t, *g);
+    length = new_length;
   }
 
   // An int8 cache holds finite values only: checked for every row before anything is stored.
-  void check_storable(const TensorView& t, const char* name) const {
+  void check_storable(const TensorView& x, const char* name) const {
     if (dtype != DType::i8) return;
-    const std::int64_t n = t.shape[2], width = t.shape[3];
+    const std::int64_t n = x.shape[2], width = x.shape[3];
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < Hkv; ++h)
         for (std::int64_t l = 0; l < n; ++l)
           for (std::int64_t d = 0; d < width; ++d) {
-            const float x = detail::load_as_float(
-                t.data, t.dtype, b * t.strides[0] + h * t.strides[1] + l * t.strides[2] + d);
-            if (!std::isfinite(x)) {
+            const float v = detail::load_as_float(
+                x.data, x.dtype, b * x.strides[0] + h * x.strides[1] + l * x.strides[2] + d);
+            if (!std::isfinite(v)) {
               fail(std::string("KvCache: ") + name + "[" + std::to_string(b) + "," +
                    std::to_string(h) + "," + std::to_string(l) + "," + std::to_string(d) + "] is " +
-                   std::to_string(x) + ", which an int8 cache cannot hold");
+                   std::to_string(v) + ", which an int8 cache cannot hold");
             }
           }
   }
 
-  // Converts token rows [B, Hkv, n, width] (f32, bf16 or f16; strides over b, h, l) to the
-  // cache's dtype at positions length.. of `dst` (int8: quantized per row, scale in `scale`).
-  void store(const TensorView& t, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
-             std::int64_t width) {
-    const std::int64_t n = t.shape[2], e = esize();
+  // Converts token rows k and v [B, Hkv, n, width] (f32, bf16 or f16; strides over b, h, l) to
+  // the cache's dtype at positions length.. of `dst` (int8: quantized per row, scales kept).
+  void store(const TensorView& k, const TensorView& v, Tokens& dst) const {
+    store_one(k, dst.k, dst.k_scale, D, dst.capacity);
+    store_one(v, dst.v, dst.v_scale, Dv, dst.capacity);
+  }
+  void store_one(const TensorView& x, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
+                 std::int64_t width, std::int64_t cap) const {
+    const std::int64_t n = x.shape[2], e = esize();
     // A same-dtype append (every f32 decode step) copies rows and needs no conversion buffer.
-    std::vector<float> row(t.dtype == dtype ? 0 : static_cast<std::size_t>(width));
+    std::vector<float> row(x.dtype == dtype ? 0 : static_cast<std::size_t>(width));
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < Hkv; ++h) {
         for (std::int64_t l = 0; l < n; ++l) {
-          const std::int64_t src = b * t.strides[0] + h * t.strides[1] + l * t.strides[2];
-          const std::int64_t tok = (b * Hkv + h) * capacity + length + l;
+          const std::int64_t src = b * x.strides[0] + h * x.strides[1] + l * x.strides[2];
+          const std::int64_t tok = (b * Hkv + h) * cap + length + l;
           std::uint8_t* out = dst.data() + tok * width * e;
-          store_cache_row(t, src, out, dtype, width, scale.empty() ? nullptr : &scale[tok], row);
+          store_cache_row(x, src, out, dtype, width, scale.empty() ? nullptr : &scale[tok], row);
         }
       }
     }
   }
 
-  TensorView view(const std::vector<std::uint8_t>& buf, std::int64_t width,
-                  std::int64_t len) const {
-    TensorView t = TensorView::contiguous(buf.data(), dtype, {B, Hkv, len, width});
-    t.strides = {Hkv * capacity * width, capacity * width, width, 1};
-    return t;
+  // Views of `len` tokens of buffers `in` (the cache's own by default).
+  TensorView view(const Tokens& in, bool values, std::int64_t len) const {
+    const std::int64_t width = values ? Dv : D, cap = in.capacity;
+    TensorView x =
+        TensorView::contiguous((values ? in.v : in.k).data(), dtype, {B, Hkv, len, width});
+    x.strides = {Hkv * cap * width, cap * width, width, 1};
+    return x;
   }
-  std::optional<TensorView> scales(const std::vector<float>& buf, std::int64_t len) const {
+  std::optional<TensorView> scales(const Tokens& in, bool values, std::int64_t len) const {
     if (dtype != DType::i8) return std::nullopt;
-    TensorView t = f32_view(buf.data(), {B, Hkv, len});
-    t.strides = {Hkv * capacity, capacity, 1};
-    return t;
+    TensorView x = f32_view((values ? in.v_scale : in.k_scale).data(), {B, Hkv, len});
+    x.strides = {Hkv * in.capacity, in.capacity, 1};
+    return x;
   }
 };
 
@@ -230,9 +251,10 @@ KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_di
       __builtin_mul_overflow(per_token, capacity, &total) || total > kMaxFloats) {
     fail("KvCache: too large (" + dims + "; at most 2^40 floats of K or of V)");
   }
-  s_ = std::make_unique<Storage>(
-      Storage{batch, kv_heads, head_dim, value_dim, 0, 0, growable, dtype, {}, {}, {}, {}});
-  s_->grow_to(capacity);
+  auto s = std::make_unique<Storage>(
+      Storage{batch, kv_heads, head_dim, value_dim, growable, dtype, {}, 0});
+  s->t = s->grown(capacity);
+  s_ = std::move(s);
 }
 
 KvCache::~KvCache() = default;
@@ -244,18 +266,19 @@ std::int64_t KvCache::kv_heads() const { return live(s_, "kv_heads").Hkv; }
 std::int64_t KvCache::head_dim() const { return live(s_, "head_dim").D; }
 std::int64_t KvCache::value_dim() const { return live(s_, "value_dim").Dv; }
 std::int64_t KvCache::length() const { return live(s_, "length").length; }
-std::int64_t KvCache::capacity() const { return live(s_, "capacity").capacity; }
+std::int64_t KvCache::capacity() const { return live(s_, "capacity").t.capacity; }
 bool KvCache::growable() const { return live(s_, "growable").growable; }
 DType KvCache::dtype() const { return live(s_, "dtype").dtype; }
 
 void KvCache::reserve(std::int64_t capacity) {
   Storage& s = live(s_, "reserve");
-  if (capacity <= s.capacity) return;
+  if (capacity <= s.t.capacity) return;
   if (!s.growable) {
     fail("KvCache::reserve(" + std::to_string(capacity) + "): the cache has a fixed capacity of " +
-         std::to_string(s.capacity));
+         std::to_string(s.t.capacity));
   }
-  s.grow_to(capacity);
+  std::optional<Storage::Tokens> g = s.grown(capacity);
+  s.commit(g, s.length);
 }
 
 void KvCache::clear() { live(s_, "clear").length = 0; }
@@ -281,27 +304,28 @@ void KvCache::append(const TensorView& k, const TensorView& v) {
   }
   s.check_storable(k, "k");
   s.check_storable(v, "v");
-  s.make_room(n);
-  s.store(k, s.k, s.k_scale, s.D);
-  s.store(v, s.v, s.v_scale, s.Dv);
-  s.length += n;
+  // k and v may be views of this cache's own tokens (keys(), values()): a growing append reads
+  // them from the old buffers while it fills the new ones, and frees the old ones last.
+  std::optional<Storage::Tokens> g = s.room_for(n);
+  s.store(k, v, g ? *g : s.t);
+  s.commit(g, s.length + n);
 }
 
 TensorView KvCache::keys() const {
   const Storage& s = live(s_, "keys");
-  return s.view(s.k, s.D, s.length);
+  return s.view(s.t, false, s.length);
 }
 TensorView KvCache::values() const {
   const Storage& s = live(s_, "values");
-  return s.view(s.v, s.Dv, s.length);
+  return s.view(s.t, true, s.length);
 }
 std::optional<TensorView> KvCache::key_scales() const {
   const Storage& s = live(s_, "key_scales");
-  return s.scales(s.k_scale, s.length);
+  return s.scales(s.t, false, s.length);
 }
 std::optional<TensorView> KvCache::value_scales() const {
   const Storage& s = live(s_, "value_scales");
-  return s.scales(s.v_scale, s.length);
+  return s.scales(s.t, true, s.length);
 }
 
 // ------------------------------------------------------------------------ MultiHeadAttention
@@ -420,8 +444,12 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights
     if (b->shape[0] != n)
       fail(std::string(name) + " " + shape_str(*b) + " must be [" + std::to_string(n) + "]");
   };
-  const std::int64_t nq = c.heads * c.head_dim, nk = c.kv_heads * c.head_dim,
-                     nv = c.kv_heads * c.value_dim, na = c.heads * c.value_dim;
+  const std::int64_t nq = detail::checked_mul(c.heads, c.head_dim, "MhaConfig: heads x head_dim"),
+                     nk = detail::checked_mul(c.kv_heads, c.head_dim,
+                                              "MhaConfig: kv_heads x head_dim"),
+                     nv = detail::checked_mul(c.kv_heads, c.value_dim,
+                                              "MhaConfig: kv_heads x value_dim"),
+                     na = detail::checked_mul(c.heads, c.value_dim, "MhaConfig: heads x value_dim");
   expect("wq", w.wq, c.d_model, nq);
   expect("wk", w.wk, c.d_model, nk);
   expect("wv", w.wv, c.d_model, nv);
@@ -524,7 +552,9 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
          ", kv_heads=" + std::to_string(c.kv_heads) + ", head_dim=" + std::to_string(c.head_dim) +
          ", value_dim=" + std::to_string(c.value_dim) + ")");
   }
-  s.make_room(n);  // may grow (contents kept), or throws before anything changes
+  // Grown buffers if this step needs them, swapped in only once everything has passed.
+  std::optional<KvCache::Storage::Tokens> g = s.room_for(n);
+  KvCache::Storage::Tokens& dst = g ? *g : s.t;
   const std::int64_t len = s.length + n;
 
   Context& ctx = context != nullptr ? *context : default_context();
@@ -535,10 +565,10 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
   // Validated against the cache as it will be once this step's tokens are stored (the views
   // cache.keys() / values() return then): once, before anything changes.
-  opts.k_scales = s.scales(s.k_scale, len);
-  opts.v_scales = s.scales(s.v_scale, len);
+  opts.k_scales = s.scales(dst, false, len);
+  opts.v_scales = s.scales(dst, true, len);
   const detail::Problem problem =
-      detail::validate(q, s.view(s.k, s.D, len), s.view(s.v, s.Dv, len), a, opts, false);
+      detail::validate(q, s.view(dst, false, len), s.view(dst, true, len), a, opts, false);
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
   m.project_step(x, buf, ctx);
@@ -546,9 +576,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
   s.check_storable(new_k, "k (projected from x)");
   s.check_storable(new_v, "v (projected from x)");
-  s.store(new_k, s.k, s.k_scale, s.D);
-  s.store(new_v, s.v, s.v_scale, s.Dv);
-  s.length = len;
+  s.store(new_k, new_v, dst);
+  s.commit(g, len);
   detail::run_attention(problem, ctx);
   m.output(buf, B, n, out, ctx);
   describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts, s.dtype);
@@ -591,10 +620,18 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
   const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
   // The options against the pool, before anything changes: every sequence as if empty (lengths
-  // do not enter the options' checks; the table and lengths are the cache's own).
+  // do not enter the options' checks), in a table of this call's own, so that a failed step
+  // leaves the cache's batch() table and lengths (which a caller may hold) as they were.
   {
-    PagedKv dry = cache.batch(seqs);
-    std::fill(s.lens.begin(), s.lens.end(), 0);
+    const std::vector<std::int32_t> table(static_cast<std::size_t>(B), 0);
+    const std::vector<std::int64_t> lens(static_cast<std::size_t>(B), 0);
+    PagedKv dry;
+    dry.k_pages = cache.key_pages();
+    dry.v_pages = cache.value_pages();
+    dry.k_scales = cache.key_page_scales();
+    dry.v_scales = cache.value_page_scales();
+    dry.block_table = TensorView::contiguous(table.data(), DType::i32, {B, 1});
+    dry.seq_lens = TensorView::contiguous(lens.data(), DType::i64, {B});
     detail::check_paged(q, dry, a, opts);
   }
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);

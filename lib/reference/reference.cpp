@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -10,6 +11,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "core/softmax.h"
 
 namespace cpuattn {
 namespace detail {
@@ -47,7 +49,10 @@ double mask_term(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t 
                ? 0.0
                : -std::numeric_limits<double>::infinity();
   }
-  return load(p.mask.data, p.mask.dtype, off);
+  // Finite values saturate as the kernels' do (kMaxNatural, core/softmax.h); NaN stays NaN.
+  const double add = load(p.mask.data, p.mask.dtype, off);
+  if (std::isnan(add) || add == -std::numeric_limits<double>::infinity()) return add;
+  return std::clamp(add, -kMaxNatural, kMaxNatural);
 }
 
 void reference_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,

@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -117,10 +118,13 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
         for (int i = 0; i < valid; ++i) tmp[i] = m[i * mi.stride];
         add = O::Load(tmp);
       }
-      // A -inf entry excludes its key whatever the score holds (NaN from a garbage K row too).
+      // A -inf entry excludes its key whatever the score holds (NaN from a garbage K row too);
+      // finite entries saturate at +-kMaxLog2 (core/softmax.h); NaN stays NaN.
       const auto excluded = O::Lt(add, O::Set(-std::numeric_limits<float>::max()));
-      s = O::IfThenElse(excluded, O::Set(-std::numeric_limits<float>::infinity()),
-                        O::MulAdd(add, O::Set(detail::kLog2e), s));
+      auto t = O::Mul(add, O::Set(detail::kLog2e));
+      const auto bound = O::Set(detail::kMaxLog2);
+      t = O::IfThenElse(O::Ge(O::Abs(t), bound), O::CopySignToAbs(bound, t), t);
+      s = O::IfThenElse(excluded, O::Set(-std::numeric_limits<float>::infinity()), O::Add(s, t));
     } else {
       const std::uint8_t* m = static_cast<const std::uint8_t*>(rm.mask) + col0 * mi.stride;
       if (full) {
@@ -163,7 +167,8 @@ inline void MaskScoreRowScalar(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
     } else if (rm.mask != nullptr) {
       if (mi.kind == detail::MaskKind::additive) {
         const float add = static_cast<const float*>(rm.mask)[j * mi.stride];
-        srow[j] = add == neg_inf ? neg_inf : srow[j] + add * detail::kLog2e;
+        const float t = std::clamp(add * detail::kLog2e, -detail::kMaxLog2, detail::kMaxLog2);
+        srow[j] = add == neg_inf ? neg_inf : srow[j] + (std::isnan(add) ? add : t);
       } else if (static_cast<const std::uint8_t*>(rm.mask)[j * mi.stride] == 0) {
         srow[j] = neg_inf;
       }
