@@ -6,12 +6,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
@@ -125,23 +129,136 @@ inline py::array new_array(DType dtype, const std::vector<py::ssize_t>& shape) {
   }
 }
 
-// Cached contexts, one per thread count, so repeated calls with threads=N reuse arenas and scratch.
-inline cpuattn::Context* context_for_threads(int n) {
-  static std::mutex mu;
-  static std::map<int, std::unique_ptr<cpuattn::Context>> contexts;
-  if (n < 0) fail("threads must be >= 0 (got " + std::to_string(n) + ")");
-  std::lock_guard<std::mutex> lock(mu);
-  auto& c = contexts[n];
-  if (!c) c = std::make_unique<cpuattn::Context>(n);
-  return c.get();
+// Any integer array (int8 .. int64, uint8 .. uint64) as a C-contiguous int64 one: the library's
+// index type. Non-integers are an error naming `name`; uint64 values past INT64_MAX are rejected
+// rather than wrapped to negatives.
+inline py::array int64_array(const py::handle& obj, const char* name) {
+  py::array a = as_array(obj, name);
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected integers");
+  if (kind == 'u' && a.dtype().itemsize() == 8) {
+    const py::array_t<std::uint64_t, py::array::forcecast> u(a);
+    for (py::ssize_t i = 0; i < u.size(); ++i)
+      if (u.data()[i] > static_cast<std::uint64_t>(INT64_MAX))
+        fail(std::string(name) + " holds " + std::to_string(u.data()[i]) + ", past int64");
+  }
+  return py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(a);
 }
 
-inline cpuattn::Context* pick_context(const std::optional<int>& threads,
-                                      cpuattn::Context* context) {
+// An int64 from a Python integer (operator.index: no floats, no strings), naming the argument.
+inline std::int64_t int64_of(const py::handle& obj, const std::string& name) {
+  if (!PyIndex_Check(obj.ptr()))
+    fail(name + " must be an integer, got " + std::string(py::repr(obj)));
+  int overflow = 0;
+  const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) fail(name + " = " + std::string(py::repr(obj)) + " is outside int64");
+  return v;
+}
+
+// A cpuattn.Context, and the calls running on it. The library's contract is that trim() and
+// retained_scratch_bytes() do not overlap calls on the same context (trim frees the scratch the
+// calls use); Python code cannot be trusted to keep it, so here they wait: trim() until no call
+// runs, and a call that starts meanwhile until trim() is done. Every other method may overlap.
+struct CtxHandle : cpuattn::Context {
+  explicit CtxHandle(int threads) : cpuattn::Context(threads) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  bool exclusive = false;  // trim() or retained_scratch_bytes() runs
+  // Runs f() with no call on this context (call with the GIL released).
+  template <class F>
+  auto alone(F&& f) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return calls == 0 && !exclusive; });
+    exclusive = true;
+    lock.unlock();
+    struct Done {
+      CtxHandle& c;
+      ~Done() {
+        {
+          std::lock_guard<std::mutex> l(c.mu);
+          c.exclusive = false;
+        }
+        c.cv.notify_all();
+      }
+    } done{*this};
+    return f();
+  }
+};
+
+// The context of one call, held for as long as the call runs (it converts to the library's
+// Context*; nullptr is the default context): counts the call on a CtxHandle, and keeps a cached
+// threads=N context alive even if release_thread_contexts() drops it meanwhile.
+class ContextUse {
+ public:
+  ContextUse(CtxHandle* py, std::shared_ptr<cpuattn::Context> cached)
+      : py_(py), cached_(std::move(cached)), ctx_(py ? py : cached_.get()) {
+    if (py_ == nullptr) return;
+    py::gil_scoped_release nogil;  // trim() may be waiting for this thread's other calls
+    std::unique_lock<std::mutex> lock(py_->mu);
+    py_->cv.wait(lock, [&] { return !py_->exclusive; });
+    ++py_->calls;
+  }
+  ~ContextUse() {
+    if (py_ == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(py_->mu);
+      --py_->calls;
+    }
+    py_->cv.notify_all();
+  }
+  ContextUse(const ContextUse&) = delete;
+  ContextUse& operator=(const ContextUse&) = delete;
+  operator cpuattn::Context*() const { return ctx_; }
+
+ private:
+  CtxHandle* py_;
+  std::shared_ptr<cpuattn::Context> cached_;
+  cpuattn::Context* ctx_;
+};
+
+// Cached contexts for threads=N, one per effective thread count (Context(N) runs on at most the
+// cores oneTBB has, so larger N share one): at most cores + 1 of them, until
+// release_thread_contexts() drops them.
+inline std::map<int, std::shared_ptr<cpuattn::Context>>& thread_contexts(std::mutex*& mu) {
+  static std::mutex m;
+  static std::map<int, std::shared_ptr<cpuattn::Context>> contexts;
+  mu = &m;
+  return contexts;
+}
+
+inline std::shared_ptr<cpuattn::Context> context_for_threads(std::int64_t n) {
+  if (n < 0) fail("threads must be >= 0 (got " + std::to_string(n) + ")");
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int key = static_cast<int>(std::min<std::int64_t>(n, cores));
+  std::mutex* mu = nullptr;
+  auto& contexts = thread_contexts(mu);
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& c = contexts[key];
+  if (!c) c = std::make_shared<cpuattn::Context>(key);
+  return c;
+}
+
+// Drops the cached threads=N contexts (their threads and scratch); calls running on one finish
+// first. Returns how many were dropped.
+inline std::size_t release_thread_contexts() {
+  std::mutex* mu = nullptr;
+  auto& contexts = thread_contexts(mu);
+  std::map<int, std::shared_ptr<cpuattn::Context>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    dropped.swap(contexts);
+  }
+  return dropped.size();
+}
+
+inline ContextUse pick_context(const std::optional<std::int64_t>& threads, CtxHandle* context) {
   if (threads && context) fail("pass threads or context, not both");
-  if (context) return context;
-  if (threads) return context_for_threads(*threads);
-  return nullptr;  // the library's default context
+  if (threads) return ContextUse(nullptr, context_for_threads(*threads));
+  return ContextUse(context, nullptr);  // context, or the library's default one
 }
 
 inline cpuattn::Causal parse_causal(const py::handle& is_causal) {
@@ -184,16 +301,9 @@ struct Call {
       opts.mask = make_view<cpuattn::TensorView>(m, dt, "attn_mask");
     }
     if (!key_lengths.is_none()) {
-      py::array l = as_array(key_lengths, "key_lengths");
-      DType dt = dtype_of(l, "key_lengths", false);
-      if (dt != DType::i32 && dt != DType::i64) {
-        if (l.dtype().kind() != 'i' && l.dtype().kind() != 'u')
-          fail("key_lengths has dtype " + numpy_dtype_name(l) + "; expected integers");
-        l = py::array_t<std::int64_t, py::array::forcecast>(l);
-        dt = DType::i64;
-      }
+      const py::array l = int64_array(key_lengths, "key_lengths");
       keep.push_back(l);
-      opts.key_lengths = make_view<cpuattn::TensorView>(l, dt, "key_lengths");
+      opts.key_lengths = make_view<cpuattn::TensorView>(l, DType::i64, "key_lengths");
     }
   }
 };
@@ -207,9 +317,12 @@ struct VariantArgs {
 
   void apply(Call& call) const {
     if (!window_size.is_none()) {
-      const auto w = window_size.cast<std::vector<std::int64_t>>();
-      if (w.size() != 2)
-        fail("window_size must be (left, right), got " + std::to_string(w.size()) + " values");
+      if (!py::isinstance<py::sequence>(window_size) || py::isinstance<py::str>(window_size) ||
+          py::len(window_size) != 2)
+        fail("window_size must be (left, right), got " + std::string(py::repr(window_size)));
+      const py::sequence seq = window_size;
+      const std::int64_t w[2] = {int64_of(seq[0], "window_size[0]"),
+                                 int64_of(seq[1], "window_size[1]")};
       call.opts.window_left = w[0];
       call.opts.window_right = w[1];
     }

@@ -123,10 +123,7 @@ py::object run_varlen(bool reference, const py::handle& q_obj, const py::handle&
   const DType qt = dtype_of(q, "q", false), kt = dtype_of(k, "k", false),
               vt = dtype_of(v, "v", false);
   const auto offsets = [&](const py::handle& obj, const char* name) {
-    py::array a = as_array(obj, name);
-    if (a.dtype().kind() != 'i' && a.dtype().kind() != 'u')
-      fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + "; expected integers");
-    a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(a);
+    const py::array a = int64_array(obj, name);
     call.keep.push_back(a);
     return make_view<cpuattn::TensorView>(a, DType::i64, name);
   };
@@ -260,45 +257,57 @@ PYBIND11_MODULE(cpuattn, m) {
   m.attr("__version__") = CPUATTN_VERSION;
   py::register_exception<cpuattn::Error>(m, "Error", PyExc_ValueError);
 
-  py::class_<cpuattn::Context>(m, "Context",
-                               "Threads (0 = the caller's oneTBB arena), SIMD target cap and "
-                               "scratch memory, reused across calls. May be shared by threads.")
+  py::class_<CtxHandle>(
+      m, "Context",
+      "Threads (0 = the caller's oneTBB arena), SIMD target cap and scratch "
+      "memory, reused across calls. May be shared by threads: every method may "
+      "run while calls run on it, except trim() and retained_scratch_bytes(), "
+      "which wait until none does (and calls that start meanwhile wait for them).")
       .def(py::init<int>(), "threads"_a = 0)
       .def_property_readonly("threads", &cpuattn::Context::num_threads)
       .def_property(
           "max_target",
-          [](const cpuattn::Context& c) {
-            return std::string(cpuattn::target_name(c.max_target()));
-          },
-          [](cpuattn::Context& c, const std::string& t) {
-            c.set_max_target(cpuattn::parse_target(t));
-          },
+          [](const CtxHandle& c) { return std::string(cpuattn::target_name(c.max_target())); },
+          [](CtxHandle& c, const std::string& t) { c.set_max_target(cpuattn::parse_target(t)); },
           "Cap on the SIMD target: scalar, sse4, avx2, avx512, avx512_bf16 or best")
       .def_property(
-          "simd",
-          [](const cpuattn::Context& c) { return std::string(cpuattn::simd_name(c.simd())); },
-          [](cpuattn::Context& c, const std::string& s) { c.set_simd(cpuattn::parse_simd(s)); },
+          "simd", [](const CtxHandle& c) { return std::string(cpuattn::simd_name(c.simd())); },
+          [](CtxHandle& c, const std::string& s) { c.set_simd(cpuattn::parse_simd(s)); },
           "SIMD provider: highway or xsimd")
       .def_property("scratch_limit", &cpuattn::Context::scratch_limit,
                     &cpuattn::Context::set_scratch_limit)
       .def_property_readonly("active_target",
-                             [](const cpuattn::Context& c) {
+                             [](const CtxHandle& c) {
                                return std::string(cpuattn::target_name(cpuattn::active_target(&c)));
                              })
-      .def("trim", &cpuattn::Context::trim, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("retained_scratch_bytes", &cpuattn::Context::retained_scratch_bytes)
-      .def("__repr__", [](const cpuattn::Context& c) {
+      .def(
+          "trim",
+          [](CtxHandle& c) {
+            py::gil_scoped_release nogil;
+            c.alone([&] { c.trim(); });
+          },
+          "Frees the scratch memory every thread keeps, once no call runs on this context.")
+      .def_property_readonly("retained_scratch_bytes",
+                             [](CtxHandle& c) {
+                               py::gil_scoped_release nogil;
+                               return c.alone([&] { return c.retained_scratch_bytes(); });
+                             })
+      .def("__repr__", [](const CtxHandle& c) {
         return "cpuattn.Context(threads=" + std::to_string(c.num_threads()) + ", max_target='" +
                cpuattn::target_name(c.max_target()) + "')";
       });
+  m.def("release_thread_contexts", &release_thread_contexts,
+        "Drops the contexts that threads=N calls cache (one per effective thread count, at most "
+        "the cores + 1), with their threads and scratch; calls running on one finish first. "
+        "Returns how many were dropped.");
 
   m.def(
       "attention",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::object& attn_mask,
          const py::handle& is_causal, std::optional<double> scale, const py::object& key_lengths,
-         bool return_lse, const py::object& out, std::optional<int> threads,
-         cpuattn::Context* context, bool bf16, const py::object& window_size, double softcap,
-         bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
+         bool return_lse, const py::object& out, std::optional<int> threads, CtxHandle* context,
+         bool bf16, const py::object& window_size, double softcap, bool alibi,
+         const py::object& alibi_slopes, const py::object& sinks) {
         const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_attention(false, q, k, v, attn_mask, is_causal, scale, key_lengths, return_lse,
                              out, bf16, va, pick_context(threads, context));
@@ -306,7 +315,7 @@ PYBIND11_MODULE(cpuattn, m) {
       kAttentionDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "attn_mask"_a = py::none(),
       "is_causal"_a = false, "scale"_a = py::none(), "key_lengths"_a = py::none(),
       "return_lse"_a = false, "out"_a = py::none(), "threads"_a = py::none(),
-      "context"_a = static_cast<cpuattn::Context*>(nullptr), "bf16"_a = false,
+      "context"_a = static_cast<CtxHandle*>(nullptr), "bf16"_a = false,
       "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 
@@ -331,9 +340,9 @@ PYBIND11_MODULE(cpuattn, m) {
       "attention_varlen",
       [](const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& cu_q,
          const py::handle& cu_k, const py::handle& is_causal, std::optional<double> scale,
-         bool return_lse, const py::object& out, std::optional<int> threads,
-         cpuattn::Context* context, const py::object& window_size, double softcap, bool alibi,
-         const py::object& alibi_slopes, const py::object& sinks) {
+         bool return_lse, const py::object& out, std::optional<int> threads, CtxHandle* context,
+         const py::object& window_size, double softcap, bool alibi, const py::object& alibi_slopes,
+         const py::object& sinks) {
         const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_varlen(false, q, k, v, cu_q, cu_k, is_causal, scale, return_lse, out, va,
                           pick_context(threads, context));
@@ -345,7 +354,7 @@ PYBIND11_MODULE(cpuattn, m) {
       "(out, lse [H, total_q]).",
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, py::kw_only(), "is_causal"_a = false,
       "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(),
-      "threads"_a = py::none(), "context"_a = static_cast<cpuattn::Context*>(nullptr),
+      "threads"_a = py::none(), "context"_a = static_cast<CtxHandle*>(nullptr),
       "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 
@@ -367,13 +376,12 @@ PYBIND11_MODULE(cpuattn, m) {
 
   m.def(
       "active_target",
-      [](std::optional<int> threads, cpuattn::Context* context) {
+      [](std::optional<int> threads, CtxHandle* context) {
         return std::string(
             cpuattn::target_name(cpuattn::active_target(pick_context(threads, context))));
       },
       "The SIMD target the fast path runs on (with the default context, threads=N or context).",
-      "threads"_a = py::none(), py::kw_only(),
-      "context"_a = static_cast<cpuattn::Context*>(nullptr));
+      "threads"_a = py::none(), py::kw_only(), "context"_a = static_cast<CtxHandle*>(nullptr));
   m.def(
       "supported_targets",
       [] {
@@ -391,12 +399,11 @@ PYBIND11_MODULE(cpuattn, m) {
       "The targets this CPU and build support, best first.");
   m.def(
       "active_simd",
-      [](std::optional<int> threads, cpuattn::Context* context) {
+      [](std::optional<int> threads, CtxHandle* context) {
         return std::string(
             cpuattn::simd_name(cpuattn::active_simd(pick_context(threads, context))));
       },
-      "threads"_a = py::none(), py::kw_only(),
-      "context"_a = static_cast<cpuattn::Context*>(nullptr));
+      "threads"_a = py::none(), py::kw_only(), "context"_a = static_cast<CtxHandle*>(nullptr));
 
   m.def(
       "to_bf16",
@@ -535,13 +542,13 @@ PYBIND11_MODULE(cpuattn, m) {
           [](const Mha& l, const py::handle& x, const py::handle& is_causal,
              const py::object& attn_mask, const py::object& key_lengths,
              std::optional<double> scale, const py::object& out, std::optional<int> threads,
-             cpuattn::Context* context) {
+             CtxHandle* context) {
             Call call;
             const auto xv = input_view(call, x, "x");
             call.set_masks(attn_mask, key_lengths, scale);
             call.opts.causal = parse_causal(is_causal);
             auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
-            cpuattn::Context* ctx = pick_context(threads, context);
+            const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
               l.forward(xv, ov, call.opts, ctx);
@@ -551,18 +558,18 @@ PYBIND11_MODULE(cpuattn, m) {
           "Self-attention: x [B, L, d_model] -> [B, L, d_model] (float32).", "x"_a, py::kw_only(),
           "is_causal"_a = false, "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
           "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<cpuattn::Context*>(nullptr))
+          "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "forward_cross",
           [](const Mha& l, const py::handle& xq, const py::handle& xkv, const py::object& attn_mask,
              const py::object& key_lengths, std::optional<double> scale, const py::object& out,
-             std::optional<int> threads, cpuattn::Context* context) {
+             std::optional<int> threads, CtxHandle* context) {
             Call call;
             const auto qv = input_view(call, xq, "xq");
             const auto kv = input_view(call, xkv, "xkv");
             call.set_masks(attn_mask, key_lengths, scale);
             auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
-            cpuattn::Context* ctx = pick_context(threads, context);
+            const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
               l.forward_cross(qv, kv, ov, call.opts, ctx);
@@ -572,17 +579,17 @@ PYBIND11_MODULE(cpuattn, m) {
           "Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model].", "xq"_a, "xkv"_a,
           py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
           "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<cpuattn::Context*>(nullptr))
+          "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "decode",
           [](const Mha& l, const py::handle& x, PyKvCache& cache, const py::object& attn_mask,
              const py::object& key_lengths, std::optional<double> scale, const py::object& out,
-             std::optional<int> threads, cpuattn::Context* context) {
+             std::optional<int> threads, CtxHandle* context) {
             Call call;
             const auto xv = input_view(call, x, "x");
             call.set_masks(attn_mask, key_lengths, scale);
             auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
-            cpuattn::Context* ctx = pick_context(threads, context);
+            const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
               std::lock_guard<std::mutex> lock(cache.mu);
@@ -594,7 +601,7 @@ PYBIND11_MODULE(cpuattn, m) {
           "queries to every cached token (bottom-right causal); returns [B, n, d_model].",
           "x"_a, "cache"_a, py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
           "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<cpuattn::Context*>(nullptr))
+          "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "make_cache",
           [](const Mha& l, std::int64_t batch, std::int64_t capacity, bool growable,

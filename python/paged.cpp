@@ -65,11 +65,9 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
   kv.k_pages = view(k_pages, "k_pages");
   kv.v_pages = view(v_pages, "v_pages");
   py::array table = as_array(block_table, "block_table");
-  if (table.dtype().kind() != 'i' && table.dtype().kind() != 'u')
-    fail("block_table has dtype " + numpy_dtype_name(table) + "; expected integers");
   if (table.dtype().itemsize() != 4 || table.dtype().kind() != 'i') {
     // Ids past int32 cannot name a page: reject them instead of letting the cast wrap.
-    const py::array wide = py::array_t<std::int64_t, py::array::forcecast>(table);
+    const py::array wide = int64_array(table, "block_table");
     const auto* p = static_cast<const std::int64_t*>(wide.data());
     for (py::ssize_t i = 0; i < wide.size(); ++i)
       if (p[i] < INT32_MIN || p[i] > INT32_MAX)
@@ -78,10 +76,7 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
   }
   call.keep.push_back(table);
   kv.block_table = make_view<cpuattn::TensorView>(table, DType::i32, "block_table");
-  py::array lens = as_array(seq_lens, "seq_lens");
-  if (lens.dtype().kind() != 'i' && lens.dtype().kind() != 'u')
-    fail("seq_lens has dtype " + numpy_dtype_name(lens) + "; expected integers");
-  lens = py::array_t<std::int64_t, py::array::forcecast>(lens);
+  const py::array lens = int64_array(seq_lens, "seq_lens");
   call.keep.push_back(lens);
   kv.seq_lens = make_view<cpuattn::TensorView>(lens, DType::i64, "seq_lens");
   if (!k_scales.is_none()) kv.k_scales = view(k_scales, "k_scales");
@@ -281,7 +276,7 @@ void bind_paged(py::module_& m) {
          const py::handle& block_table, const py::handle& seq_lens, const py::object& k_scales,
          const py::object& v_scales, const py::handle& is_causal, std::optional<double> scale,
          bool return_lse, const py::object& out, bool bf16, std::optional<int> threads,
-         cpuattn::Context* context, const py::object& window_size, double softcap, bool alibi,
+         CtxHandle* context, const py::object& window_size, double softcap, bool alibi,
          const py::object& alibi_slopes, const py::object& sinks) {
         const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_paged(false, q, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales,
@@ -291,7 +286,7 @@ void bind_paged(py::module_& m) {
       kPagedDoc, "q"_a, "k_pages"_a, "v_pages"_a, "block_table"_a, "seq_lens"_a, py::kw_only(),
       "k_scales"_a = py::none(), "v_scales"_a = py::none(), "is_causal"_a = false,
       "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(), "bf16"_a = false,
-      "threads"_a = py::none(), "context"_a = static_cast<cpuattn::Context*>(nullptr),
+      "threads"_a = py::none(), "context"_a = static_cast<CtxHandle*>(nullptr),
       "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
   m.def(

@@ -298,5 +298,19 @@ TEST_F(CliHardening, MoreThreadsThanCoresKeepsStderrEmpty) {
   EXPECT_EQ(out.shape, (Shape{3, 4}));
 }
 
+// Issue 33, item 6: a float64 input beyond float32's range is exit 2 naming the file, the element
+// and its value, with nothing written (it became inf, and the output NaN, with exit 0).
+TEST_F(CliHardening, Float64BeyondFloat32IsAnErrorNamingTheElement) {
+  put("big.npy",
+      make({3, 4}, {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1e39, 0.9, 1.0, 1.1, 1.2}, DType::f64));
+  const std::string err = run_bad("--q q.npy --k big.npy --v q.npy --out out.npy");
+  EXPECT_NE(err.find("K (big.npy): element [1,3] = 1e+39 is beyond float32's range"),
+            std::string::npos)
+      << err;
+  put("sinks.npy", make({1}, {-1e39}, DType::f64));
+  const std::string err2 = run_bad("--q q.npy --k q.npy --v q.npy --out out.npy --sinks sinks.npy");
+  EXPECT_NE(err2.find("element [0] = -1e+39"), std::string::npos) << err2;
+}
+
 }  // namespace
 }  // namespace cpuattn::cli_test

@@ -76,14 +76,14 @@ npy::Array load_float(const char* what, const std::string& path, int min_rank, i
   }
   // float16 stays float16 only where the caller keeps reduced precision (cpuattn run).
   if ((a.dtype == DType::f64 && !keep_f64) || (a.dtype == DType::f16 && !keep_f16))
-    a = npy::to_f32(a);
+    a = npy::to_f32(a, named(what, path));
   return a;
 }
 
 npy::Array load_mask(const std::string& path, const std::vector<std::int64_t>& scores,
                      const std::string& scores_desc) {
   npy::Array mask = npy::read(path);
-  if (mask.dtype == DType::f64) mask = npy::to_f32(mask);
+  if (mask.dtype == DType::f64) mask = npy::to_f32(mask, named("mask", path));
   if (mask.dtype != DType::boolean && mask.dtype != DType::f32) {
     fail(named("mask", path) + " has dtype " + dtype_name(mask.dtype) +
          "; expected bool (true = attend) or float32/float64 (added to the scores)");

@@ -219,11 +219,13 @@ void run_sdpa(const RunArgs& a) {
   // Per-head vectors [H] (H = 1 for rank-2 and rank-3 inputs), converted to float32.
   npy::Array slopes, sinks;
   if (!a.alibi_slopes.empty()) {
-    slopes = npy::to_f32(load_float("alibi slopes", a.alibi_slopes, 1, 1, "rank 1 [H]", true));
+    slopes = npy::to_f32(load_float("alibi slopes", a.alibi_slopes, 1, 1, "rank 1 [H]", true),
+                         named("alibi slopes", a.alibi_slopes));
     opts.alibi_slopes = npy::input_view(slopes);
   }
   if (!a.sinks.empty()) {
-    sinks = npy::to_f32(load_float("sinks", a.sinks, 1, 1, "rank 1 [H]", true));
+    sinks = npy::to_f32(load_float("sinks", a.sinks, 1, 1, "rank 1 [H]", true),
+                        named("sinks", a.sinks));
     opts.sinks = npy::input_view(sinks);
   }
 

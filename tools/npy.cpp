@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -434,7 +435,7 @@ Array zeros(DType dtype, std::vector<std::int64_t> shape) {
   return a;
 }
 
-Array to_f32(const Array& a) {
+Array to_f32(const Array& a, const std::string& what) {
   if (a.dtype == DType::f32) return a;
   if (a.dtype == DType::f16) {
     Array out = zeros(DType::f32, a.shape);
@@ -457,6 +458,18 @@ Array to_f32(const Array& a) {
   for (std::size_t i = 0; i < n; ++i) {
     double d;
     std::memcpy(&d, a.data.data() + i * sizeof(double), sizeof d);
+    if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max()) {
+      std::string at;
+      for (std::size_t r = a.shape.size(), rest = i; r-- > 0;) {
+        const auto n = static_cast<std::size_t>(a.shape[r]);
+        at = std::to_string(rest % n) + (at.empty() ? "" : "," + at);
+        rest /= n;
+      }
+      char value[32];
+      std::snprintf(value, sizeof value, "%.9g", d);
+      fail(what + ": element [" + at + "] = " + value +
+           " is beyond float32's range (+-3.40282347e+38)");
+    }
     const auto f = static_cast<float>(d);
     std::memcpy(out.data.data() + i * sizeof(float), &f, sizeof f);
   }

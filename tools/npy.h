@@ -128,7 +128,9 @@ std::vector<T> values(const Array& a) {
 }
 
 // A copy of `a` converted to float32 (from float64 or float32).
-Array to_f32(const Array& a);
+// A float64 value beyond float32's range (finite, |x| > 3.4e38) is an Error naming `what` (the
+// file), the element and its value; NaN and +-inf convert as they are.
+Array to_f32(const Array& a, const std::string& what = "array");
 
 // ---- Views for the library -----------------------------------------------------------------
 

@@ -1369,6 +1369,53 @@ static void test_mha_decode_paged(void) {
   free(out);
 }
 
+/* Issue 33: appending a cache's own views to it (item 1), and cu_seqlens descriptors with a huge
+ * shape, a huge stride or a misaligned pointer (item 9): the first works, the others are
+ * CPUATTN_ERROR_INVALID_ARGUMENT with nothing written. */
+static void test_hostile(void) {
+  cpuattn_kv_cache* c = NULL;
+  cpuattn_tensor t, ck, cv;
+  int64_t s[4] = {1, 1, 2, 4}, len = 0, i;
+  float kv[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const float* keys;
+  EXPECT_OK(cpuattn_kv_cache_create(1, 1, 4, 4, 2, 1, CPUATTN_DTYPE_F32, &c));
+  EXPECT_OK(cpuattn_tensor_contiguous(&t, kv, CPUATTN_DTYPE_F32, 4, s));
+  EXPECT_OK(cpuattn_kv_cache_append(c, &t, &t));
+  EXPECT_OK(cpuattn_kv_cache_keys(c, &ck));
+  EXPECT_OK(cpuattn_kv_cache_values(c, &cv));
+  EXPECT_OK(cpuattn_kv_cache_append(c, &ck, &cv)); /* full: grows, reading its own old tokens */
+  EXPECT_OK(cpuattn_kv_cache_length(c, &len));
+  CHECK(len == 4);
+  EXPECT_OK(cpuattn_kv_cache_keys(c, &ck));
+  keys = (const float*)ck.data;
+  for (i = 0; i < 8; ++i) CHECK(keys[i] == kv[i] && keys[8 + i] == kv[i]);
+  cpuattn_kv_cache_destroy(c);
+  {
+    float* q = random_floats(7 * 2 * 8, 1.0f);
+    float* out = filled(7 * 2 * 8, kSentinel);
+    int64_t cu[4] = {0, 3, 7, 7};
+    cpuattn_tensor tq = f32_3d(q, 7, 2, 8), to = f32_3d(out, 7, 2, 8), tcu;
+    const int64_t huge_shape = (int64_t)1 << 61;
+    EXPECT_OK(cpuattn_tensor_contiguous(&tcu, cu, CPUATTN_DTYPE_I64, 1, &huge_shape));
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_attention_varlen(&tq, &tq, &tq, &to, &tcu, &tcu, NULL, NULL));
+    EXPECT_MESSAGE("cu_seqlens_q");
+    tcu.shape[0] = 3;
+    tcu.strides[0] = (int64_t)1 << 62;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_attention_varlen(&tq, &tq, &tq, &to, &tcu, &tcu, NULL, NULL));
+    EXPECT_MESSAGE("overflow");
+    tcu.strides[0] = 1;
+    tcu.data = (char*)cu + 1;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_attention_varlen(&tq, &tq, &tq, &to, &tcu, &tcu, NULL, NULL));
+    EXPECT_MESSAGE("not aligned");
+    CHECK(all_equal(out, 7 * 2 * 8, kSentinel));
+    free(q);
+    free(out);
+  }
+}
+
 int main(void) {
   test_version_and_names();
   test_tensor_helpers();
@@ -1384,6 +1431,7 @@ int main(void) {
   test_varlen();
   test_paged();
   test_mha_decode_paged();
+  test_hostile();
   test_internal_status();
   test_out_of_memory(); /* last: it briefly limits the address space */
   if (g_failures) {
