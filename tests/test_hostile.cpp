@@ -5,6 +5,7 @@
 // failed on the code before its fix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -258,6 +259,172 @@ TEST(Hostile, FailedPagedDecodeLeavesAHeldBatchAlone) {
   EXPECT_EQ(lens[1], 3);
   EXPECT_EQ(std::vector<std::int32_t>(table, table + table_before.size()), table_before);
   EXPECT_EQ(cache.length(seqs[0]), 3);
+}
+
+// Everything a failed call must leave alone in a paged cache: the free pages, each sequence's
+// length and pages, the pools' bytes, and a batch() view taken before the call.
+struct PagedSnapshot {
+  std::int64_t free;
+  std::vector<std::int64_t> lengths;
+  std::vector<std::vector<std::int32_t>> pages;
+  std::vector<std::uint8_t> k, v;
+  std::vector<std::int32_t> table;
+  std::vector<std::int64_t> lens;
+  PagedSnapshot(const PagedKvCache& c, const std::vector<std::int64_t>& seqs, const PagedKv& held)
+      : free(c.free_pages()) {
+    for (std::int64_t s : seqs) lengths.push_back(c.length(s)), pages.push_back(c.pages(s));
+    k = bytes_of(c.key_pages());
+    v = bytes_of(c.value_pages());
+    const auto* t = static_cast<const std::int32_t*>(held.block_table.data);
+    table.assign(t, t + held.block_table.shape[0] * held.block_table.shape[1]);
+    const auto* l = static_cast<const std::int64_t*>(held.seq_lens.data);
+    lens.assign(l, l + held.seq_lens.shape[0]);
+  }
+  static std::vector<std::uint8_t> bytes_of(const TensorView& t) {
+    std::size_t n = dtype_size(t.dtype);
+    for (int d = 0; d < t.rank; ++d) n *= static_cast<std::size_t>(t.shape[d]);
+    const auto* p = static_cast<const std::uint8_t*>(t.data);
+    return {p, p + n};
+  }
+  bool operator==(const PagedSnapshot& o) const {
+    return free == o.free && lengths == o.lengths && pages == o.pages && k == o.k && v == o.v &&
+           table == o.table && lens == o.lens;
+  }
+};
+
+// The "failure changes nothing" rule, entry point by entry point (docs/guarantees.md lists them):
+// each call below fails, and every cache, view and output it was given is as it was.
+TEST(Hostile, FailedCallsChangeNothing) {
+  const std::int64_t dm = 8, H = 2;
+  const std::vector<float> w(dm * dm, 0.05f);
+  const TensorView wv = f32_view(w.data(), {dm, dm});
+  const MultiHeadAttention m({dm, H}, {wv, wv, wv, wv});
+  std::vector<float> x = random_floats(2 * 3 * dm, 12), out(2 * 3 * dm, 7.0f);
+  const auto untouched = [&] {
+    for (float o : out) ASSERT_EQ(o, 7.0f);
+  };
+  int calls = 0;
+  const auto fails = [&](const char* what, auto&& f) {
+    SCOPED_TRACE(what);
+    ++calls;
+    EXPECT_THROW(f(), Error);
+  };
+
+  // Contiguous caches: append, reserve, truncate, decode.
+  for (DType dt : {DType::f32, DType::bf16, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    KvCache fixed = m.make_cache(2, 3, false, dt), grow = m.make_cache(2, 3, true, dt);
+    for (KvCache* c : {&fixed, &grow})
+      m.decode(f32_view(x.data(), {2, 3, dm}), *c, f32_view(out.data(), {2, 3, dm}));
+    std::fill(out.begin(), out.end(), 7.0f);
+    const std::vector<float> tok = random_floats(2 * 1 * 1 * 4, 13);
+    std::vector<float> nan_tok = tok;
+    nan_tok[1] = std::numeric_limits<float>::quiet_NaN();
+    for (KvCache* c : {&fixed, &grow}) {
+      const CacheSnapshot before(*c);
+      const std::vector<std::int64_t> too_long = {99, 1};
+      AttentionOptions bad_lengths;
+      bad_lengths.key_lengths = TensorView::contiguous(too_long.data(), DType::i64, {2});
+      AttentionOptions bad_window;
+      bad_window.window_left = -3;
+      fails("append: wrong head_dim", [&] {
+        c->append(f32_view(tok.data(), {2, 1, 1, 4}), f32_view(tok.data(), {2, 1, 1, 4}));
+      });
+      fails("append: past a fixed capacity / a huge reserve", [&] {
+        if (c == &fixed)
+          c->append(c->keys(), c->values());
+        else
+          c->reserve(std::int64_t{1} << 50);
+      });
+      if (dt == DType::i8) {
+        const std::vector<float> kk(2 * 1 * 1 * 4, std::numeric_limits<float>::infinity());
+        fails("append: inf into an int8 cache", [&] {
+          c->append(f32_view(kk.data(), {2, 1, 1, 4}), f32_view(kk.data(), {2, 1, 1, 4}));
+        });
+      }
+      fails("truncate past the length", [&] { c->truncate(4); });
+      fails("decode: key_lengths past the cache", [&] {
+        m.decode(f32_view(x.data(), {2, 1, dm}), *c, f32_view(out.data(), {2, 1, dm}), bad_lengths);
+      });
+      fails("decode: a bad window", [&] {
+        m.decode(f32_view(x.data(), {2, 1, dm}), *c, f32_view(out.data(), {2, 1, dm}), bad_window);
+      });
+      fails("decode: a batch of 1 for a cache of 2", [&] {
+        m.decode(f32_view(x.data(), {1, 1, dm}), *c, f32_view(out.data(), {1, 1, dm}));
+      });
+      before.expect_same(*c);
+      untouched();
+    }
+  }
+
+  // A paged cache: append, fork, truncate, free, decode, attention; a held batch() view.
+  for (DType dt : {DType::f32, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    PagedKvCache cache = m.make_paged_cache(5, 2, dt);
+    const std::vector<std::int64_t> seqs = {cache.add_sequence(), cache.add_sequence()};
+    m.decode(f32_view(x.data(), {2, 3, dm}), cache, seqs, f32_view(out.data(), {2, 3, dm}));
+    std::fill(out.begin(), out.end(), 7.0f);
+    const PagedKv held = cache.batch(seqs);
+    const PagedSnapshot before(cache, seqs, held);
+    const std::vector<float> big = random_floats(1 * 9 * 4, 14);
+    fails("append: more pages than are free", [&] {
+      cache.append(seqs[0], f32_view(big.data(), {1, 9, 4}), f32_view(big.data(), {1, 9, 4}));
+    });
+    fails("append: an unknown sequence", [&] {
+      cache.append(77, f32_view(big.data(), {1, 1, 4}), f32_view(big.data(), {1, 1, 4}));
+    });
+    fails("fork: past the length", [&] { cache.fork(seqs[0], 9); });
+    fails("truncate: past the length", [&] { cache.truncate(seqs[1], 4); });
+    fails("free: an unknown sequence", [&] { cache.free(12); });
+    fails("decode: more pages than are free", [&] {
+      m.decode(f32_view(x.data(), {2, 3, dm}), cache, seqs, f32_view(out.data(), {2, 3, dm}));
+    });
+    fails("decode: a sequence twice", [&] {
+      m.decode(f32_view(x.data(), {2, 1, dm}), cache, {seqs[0], seqs[0]},
+               f32_view(out.data(), {2, 1, dm}));
+    });
+    AttentionOptions bad;
+    bad.softcap = -1;
+    fails("decode: a bad soft-cap", [&] {
+      m.decode(f32_view(x.data(), {2, 1, dm}), cache, seqs, f32_view(out.data(), {2, 1, dm}), bad);
+    });
+    fails("attention: a bad soft-cap", [&] {
+      attention(f32_view(x.data(), {2, H, 1, dm / H}), held,
+                f32_view(out.data(), {2, H, 1, dm / H}), bad);
+    });
+    EXPECT_TRUE(PagedSnapshot(cache, seqs, held) == before);
+    untouched();
+  }
+
+  // Layers and the plain entry points: outputs untouched.
+  const std::vector<std::int32_t> bad_cu = {0, 5, 4};
+  fails("mha.forward: x of the wrong width", [&] {
+    m.forward(f32_view(x.data(), {2, 3, 4}), f32_view(out.data(), {2, 3, 4}));
+  });
+  fails("mha.forward_cross: a mask of the wrong shape", [&] {
+    AttentionOptions o;
+    o.mask = TensorView::contiguous(bad_cu.data(), DType::boolean, {3, 5});
+    m.forward_cross(f32_view(x.data(), {2, 3, dm}), f32_view(x.data(), {2, 3, dm}),
+                    f32_view(out.data(), {2, 3, dm}), o);
+  });
+  fails("Linear: y of the wrong shape", [&] {
+    Linear(wv).forward(f32_view(x.data(), {6, dm}), f32_view(out.data(), {5, dm}));
+  });
+  fails("attention: lse of the wrong shape", [&] {
+    AttentionOptions o;
+    std::vector<float> lse(4, 7.0f);
+    o.lse = f32_view(lse.data(), {1, 4});
+    attention(f32_view(x.data(), {1, H, 3, dm}), f32_view(x.data(), {1, H, 3, dm}),
+              f32_view(x.data(), {1, H, 3, dm}), f32_view(out.data(), {1, H, 3, dm}), o);
+  });
+  fails("attention_varlen: decreasing offsets", [&] {
+    attention_varlen(f32_view(x.data(), {6, H, 4}), f32_view(x.data(), {6, H, 4}),
+                     f32_view(x.data(), {6, H, 4}), f32_view(out.data(), {6, H, 4}),
+                     TensorView::contiguous(bad_cu.data(), DType::i32, {3}),
+                     TensorView::contiguous(bad_cu.data(), DType::i32, {3}));
+  });
+  untouched();
+  EXPECT_GE(calls, 40);
 }
 
 }  // namespace
