@@ -60,7 +60,8 @@ using Exclude = std::function<void(Inputs&)>;
 // inf for inf. At least `finite_rows` rows of the reference's out must be finite: the poison sits
 // in keys that those rows exclude, so the case tests exclusion and not propagation.
 void check_poisoned(const Case& c, const Exclude& exclude, const std::vector<std::int64_t>& keys,
-                    Poison x, const Backend& backend, int threads, std::int64_t finite_rows) {
+                    Poison x, const Backend& backend, int threads, std::int64_t finite_rows,
+                    bool poison_k) {
   SCOPED_TRACE(c.str() + ", " + name_of(x) + " in " + std::to_string(keys.size()) +
                " excluded keys, " + std::to_string(threads) + " threads, on " + backend.name());
   Inputs in(c);
@@ -69,7 +70,7 @@ void check_poisoned(const Case& c, const Exclude& exclude, const std::vector<std
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hkv; ++h)
       for (std::int64_t j : keys) {
-        poison_row(in.k, sk, c.kv_dtype, b, h, j, x, 0);
+        if (poison_k) poison_row(in.k, sk, c.kv_dtype, b, h, j, x, 0);
         poison_row(in.v, sv, c.kv_dtype, b, h, j, x, 77);
       }
   AttentionOptions o = in.opts;
@@ -112,14 +113,14 @@ const Dtypes kDtypes[] = {{DType::f32, DType::f32},
 // Runs case c over the dtypes, both thread counts and the three poisons (one poison per dtype
 // and thread count, cycling, so that every poison meets every path).
 void check_grid(Case c, const Exclude& exclude, const std::vector<std::int64_t>& keys,
-                const Backend& backend, std::int64_t finite_rows) {
+                const Backend& backend, std::int64_t finite_rows, bool poison_k = true) {
   int n = 0;
   for (const Dtypes& dt : kDtypes)
     for (int threads : {1, 2}) {
       if (!grid_case_runs(n++, 3)) continue;
       c.q_dtype = dt.q;
       c.kv_dtype = dt.kv;
-      check_poisoned(c, exclude, keys, kPoisons[n % 3], backend, threads, finite_rows);
+      check_poisoned(c, exclude, keys, kPoisons[n % 3], backend, threads, finite_rows, poison_k);
     }
 }
 
@@ -214,6 +215,30 @@ TEST_P(ExcludedKeys, SlidingWindow) {
   const Case d = make_case(1, 4, 2, 1, 3000, 64);
   const Exclude decode_window = [](Inputs& in) { in.opts.window_left = 300; };
   check_grid(d, decode_window, key_range(2000, 3000 - 1 - 300), GetParam(), d.B * d.H);
+}
+
+TEST_P(ExcludedKeys, SplitKeysWhoseWeightIsZero) {
+  // Decoding over 3000 keys runs in key splits. A +1e30 mask term on the last key leaves every
+  // other key a weight of 0 against the row's max, but within its own split a key keeps a weight:
+  // the split holding a NaN V row must add nothing when the splits merge (found by
+  // fuzz_attention_diff).
+  const Case c = make_case(1, 2, 2, 1, 3000, 16);
+  const Exclude mask = [&](Inputs& in) {
+    in.amask.assign(3000, 0.0f);
+    in.amask[2999] = 1e30f;
+    in.opts.mask = f32_view(in.amask.data(), {1, 3000});
+  };
+  // V only: these keys are attended (with a weight of 0), so inf in their K would be the row's.
+  check_grid(c, mask, {10, 1500}, GetParam(), c.B * c.H, /*poison_k=*/false);
+  // Within one split too: the NaN row's block comes first, and the block with the +1e30 key
+  // rescales the accumulator by exactly 0.
+  const Case d = make_case(1, 2, 2, 1, 300, 16);
+  const Exclude mask2 = [&](Inputs& in) {
+    in.amask.assign(300, 0.0f);
+    in.amask[200] = 1e30f;
+    in.opts.mask = f32_view(in.amask.data(), {1, 300});
+  };
+  check_grid(d, mask2, {10, 130}, GetParam(), d.B * d.H, /*poison_k=*/false);
 }
 
 TEST_P(ExcludedKeys, KeyLengths) {
