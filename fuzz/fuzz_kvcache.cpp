@@ -1,9 +1,10 @@
 // Sequences of KvCache operations (include/cpuattn/layers.h) on two cache slots, each mirrored
 // by a plain shadow copy: construction with valid and absurd sizes, append (contiguous and
 // strided, right and wrong shapes), truncate, clear, reserve (up to INT64_MAX), decode steps of a
-// small MultiHeadAttention, move construction and move assignment, and calls on moved-from
-// objects. After every operation the cache must match its shadow: sizes, length <= capacity,
-// the keys()/values() views and every cached token bit for bit.
+// small MultiHeadAttention, appends of the cache's own keys()/values() views, move construction
+// and move assignment, and calls on moved-from objects. After every operation the cache must match
+// its shadow: sizes, length <= capacity, the keys()/values() views and every cached token bit for
+// bit.
 //
 // The contract checked, from layers.h and the library's hardening (commit 3f38a77):
 //  * an invalid argument, a full fixed cache, or a size beyond 2^40 floats of K or of V (or one
@@ -286,6 +287,29 @@ void op_append(Reader& in, KvCache& c, Shadow& s, float& counter) {
   s.length += n;
 }
 
+// Appends the cache's own first n tokens, read through its keys() / values() views: a growing
+// append must read them before it frees the old buffers (issue 33, item 1).
+void op_append_own(Reader& in, KvCache& c, Shadow& s) {
+  if (s.length == 0) return;
+  const std::int64_t n = in.range(1, s.length);
+  TensorView k = c.keys(), v = c.values();
+  k.shape[2] = v.shape[2] = n;
+  const bool fits = s.growable || s.length + n <= s.capacity;
+  const bool threw = throws_error([&] { c.append(k, v); });
+  FUZZ_CHECK(threw == !fits,
+             "append of the cache's own %lld tokens (length %lld, capacity %lld) %s",
+             static_cast<long long>(n), static_cast<long long>(s.length),
+             static_cast<long long>(s.capacity), threw ? "threw" : "did not throw");
+  if (threw) return;
+  s.capacity = s.grown(n);
+  for (auto* rows : {&s.k, &s.v})
+    for (auto& row : *rows) {
+      const std::vector<float> head(row.begin(), row.begin() + n * (rows == &s.k ? s.D : s.Dv));
+      row.insert(row.end(), head.begin(), head.end());
+    }
+  s.length += n;
+}
+
 void op_reserve(Reader& in, KvCache& c, Shadow& s) {
   const std::int64_t per_token = s.B * s.Hkv * std::max(s.D, s.Dv);
   const std::int64_t limit = kMaxFloats / per_token;  // the largest capacity allowed
@@ -419,7 +443,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (sh[i].state == Shadow::live) {
       KvCache& c = *slot[i];
       Shadow& s = sh[i];
-      if (op == 1) op_append(in, c, s, counter);
+      if (op == 1) {
+        if (in.chance(15)) {
+          op_append_own(in, c, s);
+        } else {
+          op_append(in, c, s, counter);
+        }
+      }
       if (op == 2) {
         const std::int64_t n =
             in.chance(10) ? std::numeric_limits<std::int64_t>::min() : in.range(-1, s.length + 1);
