@@ -64,15 +64,21 @@ CPUATTN_INLINE typename O::V Tanh(typename O::V x) {
   return O::CopySignToAbs(t, x);
 }
 
-// cap * tanh(x / cap) for cap > 0, given cap and k = 2 log2(e) / cap: logit soft-capping. Maximum
-// error: relative 4e-7 for |x| < 0.625 cap, so the capped score tends to x itself as the cap grows
-// (a cap of 1e30 leaves every score as it was); absolute 4e-7 cap above, where the result is at
-// least 0.55 cap (so relative 1e-6). +-inf give +-cap; NaN gives NaN.
-// Method: below 0.625 cap, Tanh's polynomial branch in y = |x| / cap: |x| + |x| y^2 P(y^2) (1.3
-// ulp); above, tanh y = (1 - e) / (1 + e) with e = 2^(-k |x|) in (0, 0.46] (no overflow, no
-// cancellation: Exp2's 3e-7 relative error moves the quotient by at most 4e-7). The sign is
-// copied back from x.
-template <class O>
+// Caps (in log2 units) above which SoftCap takes its small-argument branch: below it, 4e-7 cap is
+// at most 2.6e-5 absolute, and the branch would cost the soft-capped epilogue 6% (P1, 1 thread,
+// docs/performance.md).
+inline constexpr float kSoftCapExactAbove = 64.0f;
+
+// cap * tanh(x / cap) for cap > 0, given cap and k = 2 log2(e) / cap: logit soft-capping.
+// Maximum error: absolute 4e-7 cap for every finite x; and with kExactSmall (which callers take
+// for caps above kSoftCapExactAbove), relative 4e-7 for |x| < 0.625 cap, so the capped score tends
+// to x itself as the cap grows (a cap of 1e30 leaves every score as it was). +-inf give +-cap;
+// NaN gives NaN.
+// Method: tanh y = (1 - e) / (1 + e) with e = 2^(-k |x|) in (0, 1] (no overflow; Exp2's 3e-7
+// relative error moves the quotient by at most 1.5e-7, and 1 - e by 3e-7 absolute near 0); with
+// kExactSmall, below 0.625 cap Tanh's polynomial branch in y = |x| / cap instead: |x| + |x| y^2
+// P(y^2) (1.3 ulp). The sign is copied back from x.
+template <class O, bool kExactSmall = true>
 CPUATTN_INLINE typename O::V SoftCap(typename O::V x, typename O::V cap, typename O::V k) {
   using V = typename O::V;
   const V ax = O::Abs(x);
@@ -80,6 +86,7 @@ CPUATTN_INLINE typename O::V SoftCap(typename O::V x, typename O::V cap, typenam
   // cap (1 - e) in one multiply-add: the multiplies, not the division, bound the epilogue of a
   // score tile (docs/performance.md).
   const V large = O::Div(O::MulAdd(O::Sub(O::Zero(), cap), e, cap), O::Add(O::Set(1.0f), e));
+  if constexpr (!kExactSmall) return O::CopySignToAbs(large, x);
   const V y = O::Mul(ax, O::Mul(k, O::Set(0.34657359027997264f)));  // k ln(2) / 2 = 1 / cap
   const V y2 = O::Mul(y, y);
   const V small = O::MulAdd(O::Mul(ax, y2), TanhPoly<O>(y2), ax);

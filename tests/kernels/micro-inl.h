@@ -28,8 +28,11 @@ void MicroTanh(const float* in, float* out, std::size_t n) {
 
 void MicroSoftCap(const float* in, float* out, std::size_t n, float cap) {
   const float k = static_cast<float>(2.0 * 1.4426950408889634 / cap);
-  MapArray<Ops>(in, out, n,
-                [cap, k](Ops::V x) { return SoftCap<Ops>(x, Ops::Set(cap), Ops::Set(k)); });
+  MapArray<Ops>(in, out, n, [cap, k](Ops::V x) {
+    // The kernels' choice (TransformTile): the exact small branch for large caps.
+    return cap > kSoftCapExactAbove ? SoftCap<Ops, true>(x, Ops::Set(cap), Ops::Set(k))
+                                    : SoftCap<Ops, false>(x, Ops::Set(cap), Ops::Set(k));
+  });
 }
 
 void MicroTranspose(float* m) {

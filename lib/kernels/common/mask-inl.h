@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/problem.h"
 #include "core/softmax.h"
@@ -78,10 +79,18 @@ CPUATTN_INLINE void TransformTile(typename O::V (&x)[R][C], std::int32_t col0,
   constexpr int N = O::kLanes;
   if (mi.softcap) {
     const auto cap = O::Set(mi.cap), k = O::Set(mi.k);
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      CPUATTN_UNROLL(4)
-      for (int c = 0; c < C; ++c) x[r][c] = SoftCap<O>(x[r][c], cap, k);
+    const auto cap_all = [&](auto exact_small) {
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        CPUATTN_UNROLL(4)
+        for (int c = 0; c < C; ++c)
+          x[r][c] = SoftCap<O, decltype(exact_small)::value>(x[r][c], cap, k);
+      }
+    };
+    if (mi.cap > kSoftCapExactAbove) {
+      cap_all(std::true_type{});
+    } else {
+      cap_all(std::false_type{});
     }
   }
   if (mi.alibi) {
