@@ -44,8 +44,9 @@ void merge_partials(const Problem& p, const Plan& pl, Recorder* rec) {
               const float w = std::exp2(src[0] - st.m);
               // A split whose keys all weigh 0 against the row's max adds nothing, whatever its
               // accumulator holds (NaN or inf from a V row that weighed something within the
-              // split): as the reference skips keys of weight 0.
-              if (w == 0.0f) continue;
+              // split): as the reference skips keys of weight 0. A NaN sum (a NaN score) still
+              // poisons the row.
+              if (w == 0.0f && !std::isnan(src[1])) continue;
               st.l += src[1] * w;
               for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] += src[2 + d] * w;
             }
