@@ -362,7 +362,9 @@ std::string rule_broken(const Arg* a, const Call& c) {
 
 // Input values: finite floats, mostly-true booleans, the chosen key lengths, random bytes for
 // the dtypes the library must reject before reading them.
-void fill_input(Arg& a, Rng& rng, const std::vector<std::int64_t>& lengths, int id) {
+// writable: an output lives in this input's memory (between its elements, which the library allows
+// when they share no byte), so the mapping cannot be read-only.
+void fill_input(Arg& a, Rng& rng, const std::vector<std::int64_t>& lengths, int id, bool writable) {
   if (!a.present || a.null || a.alias_of >= 0) return;
   if (!a.mapped) {  // a placeholder the call must not read beyond
     for (unsigned char* p = a.mem.lo(); p < a.mem.hi(); ++p)
@@ -398,7 +400,7 @@ void fill_input(Arg& a, Rng& rng, const std::vector<std::int64_t>& lengths, int 
     }
     ++n;
   });
-  a.mem.make_read_only();
+  if (!writable) a.mem.make_read_only();
 }
 
 bool all_sentinel(const unsigned char* p, std::size_t n) {
@@ -539,7 +541,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   place(a);
   Rng rng{0x9E3779B97F4A7C15ULL ^ size};
-  for (int i : {Q, K, V, MASK, LENGTHS}) fill_input(a[i], rng, c.lengths, i);
+  for (int i : {Q, K, V, MASK, LENGTHS}) {
+    bool hosts_output = false;
+    for (int o : {OUT, LSE, WEIGHTS}) hosts_output |= a[o].present && a[o].alias_of == i;
+    fill_input(a[i], rng, c.lengths, i, hosts_output);
+  }
   std::string broken = rule_broken(a, c);
   if (broken.empty()) broken = variant_broken(c, a[Q].shape[0], a[Q].shape[1]);
   if (broken.empty()) {
