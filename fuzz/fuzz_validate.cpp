@@ -614,10 +614,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!o.present) continue;
     // Every element written; in a dense mapping, no other byte.
     std::vector<bool> mine(o.mem.is_sparse() ? 0 : o.mem.hi() - o.mem.lo());
-    // An input placed in this output's memory, between its elements (valid: they share no
-    // byte), reads the sentinel there: a NaN whose payload the result may carry, all-ones too.
+    // An input placed in an output's memory, between its elements (valid: they share no byte),
+    // reads the sentinel there: a NaN whose payload every output may carry, all-ones too.
     bool read_by_input = false;
-    for (int in_id : {Q, K, V, MASK, LENGTHS}) read_by_input |= a[in_id].alias_of == i;
+    for (int in_id : {Q, K, V, MASK, LENGTHS})
+      for (int out_id : {OUT, LSE, WEIGHTS}) read_by_input |= a[in_id].alias_of == out_id;
     for_each_offset(o.rank, o.shape, o.strides, o.esize(), [&](std::uint64_t off) {
       FUZZ_CHECK(read_by_input || !all_sentinel(o.data + off, o.esize()),
                  "%s: element at byte %llu not written", kNames[i],
@@ -625,6 +626,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::size_t b = 0; !mine.empty() && b < o.esize(); ++b)
         mine[o.data - o.mem.lo() + off + b] = true;
     });
+    // Another output placed between this one's elements (valid: they share no byte) writes its
+    // own elements there.
+    for (int j : {OUT, LSE, WEIGHTS}) {
+      const Arg& x = a[j];
+      if (j == i || !x.present || x.alias_of != i || mine.empty()) continue;
+      for_each_offset(x.rank, x.shape, x.strides, x.esize(), [&](std::uint64_t off) {
+        for (std::size_t b = 0; b < x.esize(); ++b) {
+          const std::ptrdiff_t at = x.data - o.mem.lo() + static_cast<std::ptrdiff_t>(off + b);
+          if (at >= 0 && static_cast<std::size_t>(at) < mine.size()) mine[at] = true;
+        }
+      });
+    }
     for (std::size_t b = 0; b < mine.size(); ++b) {
       FUZZ_CHECK(mine[b] || o.mem.lo()[b] == kSentinel, "%s: byte %zd outside the view written",
                  kNames[i], static_cast<std::ptrdiff_t>(o.mem.lo() + b - o.data));
