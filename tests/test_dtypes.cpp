@@ -261,9 +261,9 @@ TEST(Bf16Path, CapSelectsThePath) {
   EXPECT_EQ(native, active_target(&c) == Target::avx512_bf16);
 }
 
-// The native kernel's decoding steps split the scaled Q into bf16 hi + lo (decode-inl.h). With
-// Q values that are bf16 already and scale ln 2 (the kernel scales by scale * log2(e) = 1), every
-// lo is 0 and stands in as 2^-126 with q's sign, so q * inf keys stay infinities: a key whose
+// The native kernel's decoding steps split the scaled Q into bf16 hi + lo (x86/bf16_stream-inl.h).
+// With Q values that are bf16 already and scale ln 2 (the kernel scales by scale * log2(e) = 1),
+// every lo is 0 and stands in as 2^-126 with q's sign, so q * inf keys stay infinities: a key whose
 // score is -inf is dropped as in f32 (hi * inf + 0 * inf would make the row NaN), and a +inf
 // score makes the row NaN as the reference does.
 TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {

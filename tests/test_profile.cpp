@@ -71,9 +71,9 @@ std::vector<std::pair<std::string, std::string>> parse_line(const std::string& l
   return kv;
 }
 
-const char* const kFieldOrder[] = {"op",       "dtype",   "kv",     "out",     "shapes",
-                                   "mask",     "target",  "simd",   "threads", "tasks",
-                                   "k_splits", "time_ms", "gflops", "gbps"};
+const char* const kFieldOrder[] = {"op",       "dtype",  "kv",      "out",     "shapes",
+                                   "mask",     "target", "simd",    "threads", "tasks",
+                                   "k_splits", "path",   "time_ms", "gflops",  "gbps"};
 
 std::set<std::string> phase_names() {
   std::set<std::string> s;

@@ -119,6 +119,7 @@ int run_profile(const Options& o) {
   j["threads"] = m.threads;
   j["tasks"] = m.tasks;
   j["k_splits"] = m.k_splits;
+  j["path"] = m.path;
   j["repeat"] = o.repeat;
   j["median_ms"] = m.wall_ms;
   j["best_ms"] = best_ms;
@@ -171,9 +172,9 @@ int run_profile(const Options& o) {
               mach.revision.c_str());
   std::printf(
       "%d calls: median %.3f ms (best %.3f), %.1f GFLOP/s; plan: %lld tasks, %lld key "
-      "split%s\n\n",
+      "split%s, path %s\n\n",
       o.repeat, m.wall_ms, best_ms, gflops, static_cast<long long>(m.tasks),
-      static_cast<long long>(m.k_splits), m.k_splits > 1 ? "s" : "");
+      static_cast<long long>(m.k_splits), m.k_splits > 1 ? "s" : "", m.path.c_str());
   std::printf("Phases of the median call (thread time, summed over threads):\n");
   std::printf("  %-10s %10s %7s\n", "phase", "ms", "share");
   for (int p = 0; p < kNumPhases; ++p) {

@@ -18,7 +18,7 @@
 #include "core/problem.h"
 #include "core/scratch.h"
 #include "core/softmax.h"
-#include "kernels/flash/score-inl.h"
+#include "kernels/flash/score_tile-inl.h"
 #include "probes.h"
 #include "simd/math-inl.h"
 #include "simd/target_namespace.h"

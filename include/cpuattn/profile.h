@@ -80,11 +80,14 @@ struct CPUATTN_API CallProfile {
   int threads = 0;            // threads the call could use (its arena's concurrency)
   std::int64_t tasks = 0;     // tasks of all the call's parallel loops
   std::int64_t k_splits = 1;  // key splits of the attention plan (1: none)
-  double start_us = 0;        // on the trace clock
-  double wall_ms = 0;         // measured by the calling thread, entry to return
-  double flops = 0;           // attention: 2 (D + Dv) per visible (query, key) pair per head
-  double bytes = 0;           // inputs read once and outputs written once
-  bool has_phases = false;    // phase_ms and thread_busy_ms were measured
+  // The units the attention plan chose (docs/architecture.md, "The path"), e.g.
+  // "portable:tiled=tile_f32+tile_f32/f32_stream"; "-" for calls that run no attention kernel.
+  std::string path = "-";
+  double start_us = 0;      // on the trace clock
+  double wall_ms = 0;       // measured by the calling thread, entry to return
+  double flops = 0;         // attention: 2 (D + Dv) per visible (query, key) pair per head
+  double bytes = 0;         // inputs read once and outputs written once
+  bool has_phases = false;  // phase_ms and thread_busy_ms were measured
   std::array<double, kNumPhases> phase_ms{};  // summed over threads
   std::vector<double> thread_busy_ms;         // per thread slot: time inside tasks
   std::vector<TaskSpan> task_spans;           // with spans on (trace, ProfileSession(true))
@@ -98,7 +101,7 @@ struct CPUATTN_API CallProfile {
 
 // The CPUATTN_VERBOSE line of a call (no newline). Fields in this order, comma-separated:
 //   cpuattn_verbose,<op>,dtype=..,kv=..,out=..,shapes=..,mask=..,target=..,simd=..,threads=..,
-//   tasks=..,k_splits=..,time_ms=..,gflops=..,gbps=..
+//   tasks=..,k_splits=..,path=..,time_ms=..,gflops=..,gbps=..
 // and with level >= 2 and phases measured: ,phases=<name>:<ms>;<name>:<ms>;... (thread-summed
 // ms of the phases that took time, in Phase order).
 CPUATTN_API std::string verbose_line(const CallProfile& call, int level);

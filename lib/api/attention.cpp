@@ -9,18 +9,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <new>
+#include <string>
 #include <type_traits>
 
 #include "api/call_scope.h"
 #include "api/context_impl.h"
-#include "core/plan.h"
 #include "core/recorder.h"
 #include "kernels/flash/flash.h"
 
 namespace cpuattn {
 namespace detail {
-
-void run_reference(const Problem& p);
 
 namespace {
 
@@ -60,21 +58,6 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const Choice& choice = choose(&ctx);
-  const FlashKernels& fk = flash_kernels(choice);
-  // The native bf16 unit for bf16 K/V on AVX512-BF16: with bf16 Q everywhere, and with other Q
-  // dtypes for decoding steps of 2..kStreamRows query rows per K/V head (GQA, or a few positions),
-  // whose scores and P V it runs on K/V in place; the other cases (one row per K/V head:
-  // task-inl.h, native_pv) stay with the chosen provider.
-  // The same decoding steps over int8 K/V run their P V on VNNI there (vpdpwssd: NativeBf16::
-  // PvRunsI8 in bf16-inl.h; their scores are the f32 loop's, which VNNI did not speed up).
-  const DType kv = ps[0].k.dtype;
-  bool native_bf16 = choice.target == Target::avx512_bf16 && (kv == DType::bf16 || kv == DType::i8);
-  for (std::size_t i = 0; i < n && native_bf16; ++i) {
-    const std::int64_t rows = ps[i].Lq * ps[i].group;
-    native_bf16 =
-        (kv == DType::bf16 && ps[i].q.dtype == DType::bf16) || (rows >= 2 && rows <= kStreamRows);
-  }
-  const FlashTaskFn run_task = native_bf16 ? native_bf16_flash_task() : fk.run_task_f32;
   // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the
   // split-key partial results live in the call's scratch: a steady-state call does not allocate.
   static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
@@ -85,7 +68,7 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   std::int64_t max_splits = 1;
   Plan local;  // sized before the scratch exists
   for (std::size_t i = 0; i < n; ++i) {
-    local = make_plan(ps[i], fk.block_rows, fk.block_keys);
+    local = plan_flash(ps[i], choice);
     if (local.k_splits > 1)
       partial_floats += static_cast<std::size_t>(ps[i].B * ps[i].H * ps[i].Lq * local.k_splits *
                                                  local.partial_row_floats);
@@ -100,7 +83,7 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   first[0] = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const Problem& p = ps[i];
-    new (plans + i) Plan(make_plan(p, fk.block_rows, fk.block_keys));
+    new (plans + i) Plan(plan_flash(p, choice));
     first[i + 1] = first[i] + plans[i].tasks;
     if (plans[i].k_splits > 1) {
       plans[i].partials = partials;
@@ -111,7 +94,16 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
     for (std::size_t i = 0; i < n; ++i) note_work(ps[i], *rec);
     rec->add_tasks(first[n]);
     rec->set_k_splits(max_splits);
+    std::string path = path_name(plans[0].path);
+    for (std::size_t i = 1; i < n; ++i) {
+      const std::string other = path_name(plans[i].path);
+      if (path.find(other) == std::string::npos) path += "|" + other;
+    }
+    rec->set_path(path);
   }
+  const FlashKernels& portable = flash_kernels(choice);
+  const FlashKernels& native =
+      choice.target == Target::avx512_bf16 ? native_flash_kernels() : portable;
   c.run([&] {
     tbb::parallel_for(
         tbb::blocked_range<std::int64_t>(0, first[n], 1),
@@ -122,7 +114,9 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
             const auto i =
                 static_cast<std::size_t>(std::upper_bound(first, first + n + 1, t) - first - 1);
             const TaskTimer timer(rec, t);
-            run_task(ps[i], plans[i], t - first[i], s, timer.log());
+            const FlashKernels& k =
+                plans[i].path.unit == FlashUnit::avx512_bf16 ? native : portable;
+            k.run_task(ps[i], plans[i], t - first[i], s, timer.log());
           }
         },
         tbb::simple_partitioner());

@@ -8,6 +8,7 @@
 
 #include "api/context_impl.h"
 #include "dispatch/dispatch.h"
+#include "kernels/flash/config.h"
 
 namespace cpuattn {
 
@@ -125,7 +126,10 @@ Context& default_context() {
 
 Target active_target(const Context* context) { return detail::choose(context).target; }
 const char* active_bf16_path(const Context* context) {
-  return detail::choose(context).target == Target::avx512_bf16 ? "avx512_bf16" : "f32";
+  // The plan's rule (kernels/flash/config.cpp) for bf16 Q and K/V; the row count does not matter.
+  const detail::FlashUnit unit =
+      detail::choose_unit(detail::choose(context).target, DType::bf16, DType::bf16, 64);
+  return unit == detail::FlashUnit::avx512_bf16 ? "avx512_bf16" : "f32";
 }
 
 Simd active_simd(const Context* context) { return detail::choose(context).provider; }

@@ -240,12 +240,14 @@ int verbose_level() { return detail::global().verbose; }
 std::string verbose_line(const CallProfile& c, int level) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                ",target=%s,simd=%s,threads=%d,tasks=%" PRId64 ",k_splits=%" PRId64
-                ",time_ms=%.4f,gflops=%.2f,gbps=%.2f",
-                target_name(c.target), simd_name(c.simd), c.threads, c.tasks, c.k_splits, c.wall_ms,
-                c.gflops(), c.gbps());
+                ",target=%s,simd=%s,threads=%d,tasks=%" PRId64 ",k_splits=%" PRId64,
+                target_name(c.target), simd_name(c.simd), c.threads, c.tasks, c.k_splits);
   std::string line = "cpuattn_verbose," + c.op + ",dtype=" + c.dtype + ",kv=" + c.kv +
-                     ",out=" + c.out + ",shapes=" + c.shapes + ",mask=" + c.mask + buf;
+                     ",out=" + c.out + ",shapes=" + c.shapes + ",mask=" + c.mask + buf +
+                     ",path=" + c.path;
+  std::snprintf(buf, sizeof buf, ",time_ms=%.4f,gflops=%.2f,gbps=%.2f", c.wall_ms, c.gflops(),
+                c.gbps());
+  line += buf;
   if (level >= 2 && c.has_phases) {
     line += ",phases=";
     bool first = true;

@@ -103,6 +103,10 @@ class Recorder {
   }
   void add_tasks(std::int64_t n) { out_.tasks += n; }
   void set_k_splits(std::int64_t k) { out_.k_splits = k > out_.k_splits ? k : out_.k_splits; }
+  // The attention plan's path (a layer that runs attention twice keeps the first).
+  void set_path(const std::string& path) {
+    if (out_.path == "-") out_.path = path;
+  }
 
   static constexpr int kMaxSlots = 256;
   // Adds up the slots' logs into the record (phase_ms, thread_busy_ms, spans), converting ticks

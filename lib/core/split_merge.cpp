@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/dtypes.h"
-#include "core/plan.h"
 #include "core/recorder.h"
 #include "core/softmax.h"
+#include "kernels/flash/flash.h"
 
 namespace cpuattn::detail {
 

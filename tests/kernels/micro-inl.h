@@ -7,9 +7,9 @@
 #endif
 
 #include "kernels/common/mask-inl.h"
-#include "kernels/flash/pack-inl.h"
+#include "kernels/flash/kv_pack-inl.h"
 #include "kernels/flash/pv-inl.h"
-#include "kernels/flash/score-inl.h"
+#include "kernels/flash/score_tile-inl.h"
 #include "kernels/flash/softmax-inl.h"
 #include "micro.h"
 #include "simd/math-inl.h"

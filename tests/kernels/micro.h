@@ -33,7 +33,8 @@ struct MicroKernels {
   // acc[R][C vectors] += P[R][nk] . Vp chunk (vp rows cw floats apart). acc aligned.
   void (*pv_tile)(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
                   std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride);
-  // Packs keys [j0, j0 + nk) of (b, hk) into Kp panels and Vp chunks (see flash task-inl.h).
+  // Packs keys [j0, j0 + nk) of (b, hk) into Kp panels and Vp chunks (see
+  // kernels/flash/driver-inl.h).
   void (*pack_kv)(const Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
                   std::int64_t nk, float* kp, float* vp);
   // One online-softmax step of a row (flash softmax-inl.h); lrow holds lanes partial sums.

@@ -148,20 +148,51 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
   return KeepInRange<O>(s, col0, rm.begin, rm.end);
 }
 
-// Variants and masks of one streamed score row of ncols (whole vectors) in memory, the tiled path's
-// epilogue in a separate pass.
+// The score epilogue, once for every score unit: soft-cap and ALiBi (TransformTile), then the
+// row masks where kMasked, and the store of R x C vectors x[r][c] (keys col0 + c * kLanes + lane
+// of row r) to s + r * s_stride + c * kLanes (aligned). rm and m are the caller's local copies
+// (CopyRowMasks): as far as the compiler knows, each store of scores may change a float of a
+// RowMask or MaskInfo in memory, so reading them in place made it reload and re-broadcast them
+// for every vector.
+template <class O, int R, int C, bool kMasked>
+CPUATTN_INLINE void StoreScores(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
+                                std::int64_t s_stride, std::int32_t col0, const RowMask (&rm)[R],
+                                const MaskInfo& m) {
+  constexpr int N = O::kLanes;
+  if (m.transforms()) TransformTile<O, R, C>(x, col0, rm, m);
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) {
+      if constexpr (kMasked) x[r][c] = ApplyRowMask<O>(x[r][c], col0 + c * N, rm[r], m);
+      O::Store(x[r][c], s + r * s_stride + c * N);
+    }
+  }
+}
+
+// The epilogue of a score tile in registers: local copies of its rows' masks (read only when the
+// tile is masked or transformed: callers without masks, such as the micro-kernel probes, pass
+// nullptr), then StoreScores.
+template <class O, int R, int C, bool kMasked>
+CPUATTN_INLINE void ScoreEpilogue(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
+                                  std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
+                                  const MaskInfo& mi) {
+  const MaskInfo m = mi;
+  RowMask rm[R] = {};
+  CopyRowMasks<R>(rows, kMasked || m.transforms(), rm);
+  StoreScores<O, R, C, kMasked>(x, s, s_stride, col0, rm, m);
+}
+
+// The same epilogue over one streamed score row of ncols (whole vectors) in memory.
 template <class O>
 CPUATTN_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
                                  const RowMask& row, const MaskInfo& info) {
   constexpr int N = O::kLanes;
-  // Local copies: the stores to srow could alias their floats as far as the compiler knows.
   const RowMask rm[1] = {row};
   const MaskInfo mi = info;
   for (std::int64_t c = 0; c < ncols; c += N) {
-    const auto col0 = static_cast<std::int32_t>(c);
     typename O::V x[1][1] = {{O::Load(srow + c)}};
-    if (mi.transforms()) TransformTile<O, 1, 1>(x, col0, rm, mi);
-    O::Store(ApplyRowMask<O>(x[0][0], col0, rm[0], mi), srow + c);
+    StoreScores<O, 1, 1, true>(x, srow + c, 0, static_cast<std::int32_t>(c), rm, mi);
   }
 }
 

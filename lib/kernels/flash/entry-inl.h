@@ -7,25 +7,26 @@
 #define CPUATTN_KERNELS_FLASH_ENTRY_INL_H_
 #endif
 
+#include "kernels/flash/driver-inl.h"
 #include "kernels/flash/flash.h"
-#include "kernels/flash/task-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/targets.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
-void RunFlashTaskF32(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
-                     detail::Scratch& scratch, detail::ThreadLog* log) {
-  RunTask<Ops>(p, pl, t, scratch, log);
+void RunFlashTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                  detail::Scratch& scratch, detail::ThreadLog* log) {
+  RunTask<Ops, CPUATTN_FLASH_NATIVE>(p, pl, t, scratch, log);
 }
 
 const detail::FlashKernels* GetFlashKernels() {
-  static const detail::FlashKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
-                                          .provider = simd::ProviderOf(Ops::kProvider),
-                                          .lanes = Ops::kLanes,
-                                          .block_rows = Ops::kBlockRows,
-                                          .block_keys = Ops::kBlockKeys,
-                                          .run_task_f32 = &RunFlashTaskF32};
+  static const detail::FlashKernels table{
+      .target = CPUATTN_FLASH_NATIVE ? Target::avx512_bf16 : simd::TargetOfBits(CPUATTN_SIMD_BITS),
+      .provider = simd::ProviderOf(Ops::kProvider),
+      .lanes = Ops::kLanes,
+      .block_rows = Ops::kBlockRows,
+      .block_keys = Ops::kBlockKeys,
+      .run_task = &RunFlashTask};
   return &table;
 }
 

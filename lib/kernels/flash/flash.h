@@ -1,30 +1,27 @@
-// The fused flash-attention op: its kernel table per (provider, target) and the lookup the
-// driver (api/attention.cpp) calls once per call.
+// The fused flash-attention op: its kernel tables per (provider, target) and per unit, and the
+// lookup the driver (api/attention.cpp) calls once per call. The plan (config.h) says which unit
+// runs a problem; a table runs every BlockPath its unit may be given.
 //
-// Files of this op:
-//   pack-inl.h, score-inl.h, decode-inl.h, pv-inl.h, softmax-inl.h   the pieces
-//   task-inl.h     one task of the plan, from those pieces
-//   entry-inl.h    the per-target table (FlashKernels) of the pieces above, for one provider
-//   flash_hwy.cc   compiled per Highway target; flash_xsimd.cc per xsimd architecture
-// A new dtype adds a task driver instantiation and a field (or a table) here, not a new file
-// layout.
+// Files of this op (docs/architecture.md walks through them):
+//   config.h/.cpp   plan_flash(): tasks, units per kind of query block, epilogue (the one choice)
+//   driver-inl.h    RunTask: one task of the plan, calling the units below
+//   q_pack, kv_pack, score_tile, stream_dot, stream_runs, softmax, pv, pv_skip_zero, epilogue
+//                   -inl.h: the portable units, written against the vector contract
+//   x86/            the native units of the avx512_bf16 unit (bf16 tiles and streams, int8 VNNI)
+//   entry-inl.h     the per-target table (FlashKernels) of one provider
+//   flash_hwy.cc    compiled per Highway target; flash_xsimd.cc per xsimd architecture;
+//   flash_bf16.cc   the avx512_bf16 unit
 #pragma once
 
 #include <cstdint>
 
-#include "core/plan.h"
 #include "core/recorder.h"
 #include "core/scratch.h"
 #include "cpuattn/cpuattn.h"
 #include "dispatch/dispatch.h"
+#include "kernels/flash/config.h"
 
 namespace cpuattn::detail {
-
-using FlashTaskFn = void (*)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
-
-// The native bf16 task (kernels/flash/flash_bf16.cc): Q, K and V bf16, on a CPU with
-// AVX512-BF16 (target avx512_bf16); block sizes are those of the AVX-512 tables.
-FlashTaskFn native_bf16_flash_task();
 
 struct FlashKernels {
   Target target;
@@ -32,12 +29,19 @@ struct FlashKernels {
   std::int64_t lanes;       // f32 lanes per vector
   std::int64_t block_rows;  // max query rows per block
   std::int64_t block_keys;  // keys per K/V block
-  // Runs task `t` of `plan` on f32 Q/K/V/out. Writes out/lse directly, or partials when
-  // plan.k_splits > 1. With a log (profiling), charges its time to phases there.
-  void (*run_task_f32)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
+  // Runs task `t` of `plan`: writes out/lse directly, or partials when plan.k_splits > 1. With a
+  // log (profiling), charges its time to phases there.
+  void (*run_task)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
 };
 
+// The portable unit's table for a choice.
 const FlashKernels& flash_kernels(const Choice& choice);
+// The avx512_bf16 unit's table (flash_bf16.cc), for plans that chose FlashUnit::avx512_bf16.
+const FlashKernels& native_flash_kernels();
+
+// Combines the k_splits partial results of each row in a fixed order (split 0, 1, ...) into out
+// and lse. Runs on the caller's task arena; with a recorder, its tasks are timed as the merge.
+void merge_partials(const Problem& p, const Plan& pl, Recorder* rec = nullptr);
 
 }  // namespace cpuattn::detail
 

@@ -1,5 +1,7 @@
-// The P V micro-kernel: probabilities of a tile of rows times one column chunk of V, accumulated
-// into the rows' unnormalized output.
+// The P V units of the portable paths: PvUnit::tile_f32 (rows of P times packed f32 V chunks)
+// and PvUnit::runs (V read in place in runs of keys that share a page, widened as loaded), the
+// micro-kernel both use, and the scaling of P by V's per-key scales (int8 and other scaled
+// types: v = q * scale, so p v = (p scale) q).
 #if defined(CPUATTN_KERNELS_FLASH_PV_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_FLASH_PV_INL_H_
 #undef CPUATTN_KERNELS_FLASH_PV_INL_H_
@@ -7,8 +9,12 @@
 #define CPUATTN_KERNELS_FLASH_PV_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/dtypes.h"
+#include "core/problem.h"
 #include "kernels/common/outer-inl.h"
 #include "simd/target_namespace.h"
 
@@ -21,6 +27,21 @@ struct VRun {
   const TV* v;
   std::int64_t j0, n;
 };
+
+// Keys [s0, s1) of the block at kb0 of K/V head hk as runs that share a page (one run without
+// pages) in vruns; returns their count.
+template <class TV>
+CPUATTN_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                             std::int64_t kb0, std::int64_t s0, std::int64_t s1, VRun<TV>* vruns) {
+  int nv = 0;
+  for (std::int64_t j0 = s0; j0 < s1; ++nv) {
+    const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
+    vruns[nv] = {static_cast<const TV*>(p.v.data) + p.key_off(p.v.s, b, kb0 + j0) + hk * p.v.s[1],
+                 j0, nj};
+    j0 += nj;
+  }
+  return nv;
+}
 
 // Acc[R][0:C vectors] += P[R][keys of the runs] . V[those keys][c0 : c0 + C vectors]. R * C
 // accumulators in registers across all runs (loaded and stored once per block, not once per
@@ -104,6 +125,76 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, s
             std::int64_t nk, float* acc, std::int64_t acc_stride) {
   const VRun<TV> one{vp, 0, nk};
   PvRows<O, TV>(R, C, p, p_stride, &one, 1, 0, cw, acc, acc_stride);
+}
+
+// PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . Vp (packed chunks of a block of nk keys, the
+// first nk_live of them seen), one column chunk at a time so that the chunk stays in L1.
+template <class O>
+void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, const float* vp,
+                  std::int64_t nk, std::int64_t nk_live, float* acc, std::int64_t dvp) {
+  constexpr int CW = O::kPvCols * O::kLanes;
+  for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
+    const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
+    const float* vchunk = vp + c0 * nk;
+    for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+      const int R = std::min(O::kPvRows, r_hi - r0);
+      PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, cw,
+                nk_live, acc + r0 * dvp + c0, dvp);
+    }
+  }
+}
+
+// P rows [r_lo, r_hi) times the per-key scales of V (keys [0, nk_live) of the block at kb0, K/V
+// head hk): the scale joins P after the softmax sum. Scales one per key in a row (the usual
+// [B, Hkv, Lk] layout) go whole vectors first.
+template <class O>
+void ScalePByVScales(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
+                     std::int64_t nk_live, int r_lo, int r_hi, float* s, std::int64_t s_stride) {
+  constexpr int N = O::kLanes;
+  for (std::int64_t j0 = 0; j0 < nk_live;) {
+    const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
+    const float* vs = p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hk * p.v_scale_s[1];
+    const std::int64_t nv = p.v_scale_s[2] == 1 ? nj / N * N : 0;
+    for (int r = r_lo; r < r_hi; ++r) {
+      float* sr = s + r * s_stride + j0;
+      for (std::int64_t jj = 0; jj < nv; jj += N)
+        O::StoreU(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), sr + jj);
+      for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] *= vs[jj * p.v_scale_s[2]];
+    }
+    j0 += nj;
+  }
+}
+
+// Keys per step of PvBlockRuns for reduced-precision V: every column chunk of these rows before
+// the next rows, so V is read front to back in 16-key runs (2-4 KiB) instead of one column chunk
+// of the whole block at a time. f32 V keeps whole blocks.
+inline constexpr std::int64_t kStreamKeys = 16;
+
+// PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
+// [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
+// tile keeps its accumulators in registers across a paged block's pages. P is already scaled by
+// V's scales where V has them.
+template <class O>
+void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
+                 std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
+                 float* acc, std::int64_t dvp) {
+  constexpr int CW = O::kPvCols * O::kLanes;
+  detail::with_elem(p.v.dtype, [&](auto t) {
+    using T = decltype(t);
+    const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
+    VRun<T> vruns[O::kBlockKeys];
+    for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
+      const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + step), vruns);
+      for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
+        const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
+        for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
+          const int R = std::min(O::kPvRows, r_hi - r0);
+          PvRows<O, T>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vruns, nv,
+                       c0, p.v.s[2], acc + r0 * dvp + c0, dvp);
+        }
+      }
+    }
+  });
 }
 
 CPUATTN_NAMESPACE_END

@@ -17,7 +17,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
-#include "kernels/flash/pack-inl.h"
+#include "kernels/flash/kv_pack-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
 

@@ -1,10 +1,11 @@
-// Packing of the flash kernel's operands into the layouts its micro-kernels stream (see
-// task-inl.h for the layouts), and the prefetch of the K/V rows a task will pack next.
-#if defined(CPUATTN_KERNELS_FLASH_PACK_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef CPUATTN_KERNELS_FLASH_PACK_INL_H_
-#undef CPUATTN_KERNELS_FLASH_PACK_INL_H_
+// The K/V unit of the f32 tiled path (KvUnit::packed_f32): a K/V block converted to f32 and
+// packed into the layouts the tile micro-kernels stream (driver-inl.h lists them), and the
+// prefetch of the rows a task packs next.
+#if defined(CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_
+#undef CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_
 #else
-#define CPUATTN_KERNELS_FLASH_PACK_INL_H_
+#define CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_
 #endif
 
 #include <algorithm>
@@ -13,25 +14,12 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "kernels/flash/geometry-inl.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
-
-// Geometry shared by packing and compute, derived from the problem and the target.
-template <class O>
-struct Geometry {
-  static constexpr int N = O::kLanes;
-  static constexpr int W = O::kScoreCols * N;  // keys per score panel
-  static constexpr int CW = O::kPvCols * N;    // values per P V chunk
-  std::int64_t D, Dv, DvP, Nk;
-  std::int64_t k_block_floats() const { return Nk * D; }    // Kp of one block
-  std::int64_t v_block_floats() const { return Nk * DvP; }  // Vp of one block
-  std::int64_t kv_block_floats() const { return k_block_floats() + v_block_floats(); }
-  explicit Geometry(const detail::Problem& p, std::int64_t block_keys)
-      : D(p.D), Dv(p.Dv), DvP((p.Dv + N - 1) / N * N), Nk(block_keys) {}
-};
 
 // Prefetches (into L2) the K and V rows of keys [j0, j0 + nk) of one K/V head.
 inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
@@ -138,40 +126,6 @@ void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std:
   PackV<O>(p, g, b, hk, j0, nk, vp);
 }
 
-// Copies the block's query rows, Qp[row][0:D] (row stride qs, zero-padded to it), scaled by
-// scale * log2(e) so that the softmax runs in base 2. Row-major, not transposed: the score
-// micro-kernel broadcasts one float per row and d from R row pointers (6 with AVX-512, which fit
-// the general registers), and the copy is then a load, a multiply and a store per vector. (Against
-// the transposed Qp[d][row] it replaces, measured: S1 +5-14%, and the score tile on L1 data from
-// 87% to 90% of the FMA probe.)
-template <class O, class T>
-void PackQAs(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
-             std::int64_t pos0, int rows, float qscale, std::int64_t qs,
-             float* CPUATTN_RESTRICT qp) {
-  constexpr int N = O::kLanes;
-  const typename O::V vscale = O::Set(qscale);
-  const std::int64_t dv = p.D / N * N;
-  for (int r = 0; r < rows; ++r) {
-    const T* src = static_cast<const T*>(p.q.data) + b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] +
-                   (pos0 + r / nh) * p.q.s[2];
-    float* dst = qp + r * qs;
-    for (std::int64_t d = 0; d < dv; d += N)
-      O::Store(O::Mul(LoadWide<O>(src + d), vscale), dst + d);
-    if (dv < qs) {
-      if (dv < p.D) O::Store(O::Mul(LoadWidePartial<O>(src + dv, p.D - dv), vscale), dst + dv);
-      std::fill(dst + (dv < p.D ? dv + N : dv), dst + qs, 0.0f);
-    }
-  }
-}
-
-template <class O>
-void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
-           std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* CPUATTN_RESTRICT qp) {
-  detail::with_elem(p.q.dtype, [&](auto t) {
-    PackQAs<O, decltype(t)>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
-  });
-}
-
 CPUATTN_NAMESPACE_END
 
-#endif  // CPUATTN_KERNELS_FLASH_PACK_INL_H_
+#endif  // CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_

@@ -1,0 +1,176 @@
+// plan_flash(): the flash op's one decision (config.h). Every measured reason behind a rule here
+// is in docs/performance.md ("Design measurements behind the code").
+#include "kernels/flash/config.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "dispatch/dispatch.h"
+#include "kernels/flash/flash.h"
+
+namespace cpuattn::detail {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Enough tasks to balance this machine's cores (4 per hardware thread, at least 16). It depends on
+// the machine, never on the thread count of a call, so results do not change with it.
+std::int64_t target_tasks() {
+  static const std::int64_t n = std::max<std::int64_t>(
+      16, 4 * static_cast<std::int64_t>(std::thread::hardware_concurrency()));
+  return n;
+}
+
+// Keys below which splitting the key range is not worth a merge.
+constexpr std::int64_t kMinKeysPerSplit = 512;
+
+// Outputs larger than this are written with non-temporal stores: an output 4x the 2 MiB L2 of a
+// core cannot stay in L2 for whatever reads it next, and a plain store first reads each line
+// for ownership. Smaller outputs keep plain stores, so a consumer finds them in cache.
+constexpr std::int64_t kStreamOutBytes = std::int64_t{8} << 20;
+
+// Blocks, head splits, query chunks and key splits of `p` for a kernel with these block sizes.
+Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_keys) {
+  Plan pl;
+  pl.heads_per_block = std::min(p.group, block_rows);
+  pl.pos_per_block = std::max<std::int64_t>(1, block_rows / pl.heads_per_block);
+  pl.rows = pl.heads_per_block * pl.pos_per_block;
+  pl.head_splits = ceil_div(p.group, pl.heads_per_block);
+  pl.q_blocks = ceil_div(p.Lq, pl.pos_per_block);
+  // Paged decoding: a task takes every K/V head of its sequence (up to 64 rows) and, block by
+  // block, runs them head after head through the same pages (driver-inl.h, RunKeyBlocks): head by
+  // head across tasks, a page's [Hkv, P, D] is Hkv short runs read at different times, each of
+  // which the hardware prefetchers must find anew. Each head's rows must fit the streaming units.
+  if (p.pages != nullptr && p.Lq == 1 && p.group <= kStreamRows && p.Hkv > 1) {
+    pl.kv_heads_per_task = std::min(p.Hkv, std::max<std::int64_t>(1, 64 / p.group));
+    pl.heads_per_block = p.group;
+    pl.pos_per_block = 1;
+    pl.head_splits = 1;
+    pl.q_blocks = 1;
+    pl.rows = pl.kv_heads_per_task * p.group;
+  }
+  const std::int64_t units = p.B * ceil_div(p.Hkv, pl.kv_heads_per_task) * pl.head_splits;
+  // Few tasks per head keep K/V packing amortized over many query blocks; more only to balance.
+  const std::int64_t want_chunks =
+      std::clamp(ceil_div(target_tasks(), units), std::int64_t{1}, pl.q_blocks);
+  pl.blocks_per_chunk = ceil_div(pl.q_blocks, want_chunks);
+  pl.q_chunks = ceil_div(pl.q_blocks, pl.blocks_per_chunk);
+  // Short query ranges (decoding) leave too few tasks: split the keys and merge afterwards.
+  std::int64_t splits = 1;
+  if (units * pl.q_chunks < target_tasks()) {
+    splits =
+        std::min(ceil_div(target_tasks(), units * pl.q_chunks), ceil_div(p.Lk, kMinKeysPerSplit));
+    splits = std::max<std::int64_t>(splits, 1);
+  }
+  pl.keys_per_split = ceil_div(ceil_div(p.Lk, splits), block_keys) * block_keys;
+  pl.k_splits = ceil_div(p.Lk, pl.keys_per_split);
+  pl.tasks = units * pl.q_chunks * pl.k_splits;
+  pl.partial_row_floats = p.Dv + 2;
+  return pl;
+}
+
+// The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
+// and V are bf16 on the native unit). Streamed blocks read K/V in place: K in four interleaved
+// runs for pages (their keys lie in different pages), and for contiguous K of 2-byte or f32
+// elements with several rows; int8 K and one-row blocks keep one stream (bound by their
+// instructions, they lost with runs). V is read in place where its rows are whole vectors. On the
+// native unit, blocks of several rows per K/V head run bf16 K on the hi/lo dot and bf16 or int8
+// V (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units
+// (bound by memory, the native ones were slower there).
+BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes) {
+  const bool native = unit == FlashUnit::avx512_bf16;
+  if (kind == BlockKind::tiled) {
+    if (native && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16)
+      return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
+    return {QUnit::f32, KvUnit::packed_f32, ScoreUnit::tile_f32, PvUnit::tile_f32};
+  }
+  const bool few = kind == BlockKind::stream_few;
+  BlockPath b;
+  b.q = native && few && p.k.dtype == DType::bf16 ? QUnit::f32_hilo : QUnit::f32;
+  b.score =
+      p.pages != nullptr || (few && p.k.dtype != DType::i8) ? ScoreUnit::dot_runs : ScoreUnit::dot;
+  b.kv = p.Dv % lanes == 0 ? KvUnit::in_place : KvUnit::v_packed;
+  if (native && few && p.Dv % 32 == 0 && p.v.dtype == DType::bf16) {
+    b.pv = PvUnit::runs_bf16;
+  } else if (native && few && p.Dv % 32 == 0 && p.v.dtype == DType::i8) {
+    b.pv = PvUnit::runs_vnni;
+  } else {
+    b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
+  }
+  return b;
+}
+
+// Which kinds of query block the plan's tasks meet: blocks differ by their positions (the last
+// block may be short), their heads (the last head split may be narrow) and whether their task
+// keeps K/V packed (the last query chunk may hold one block); the first block, the first block
+// of the last chunk and the last block cover every combination.
+std::uint8_t kinds_met(const Problem& p, const Plan& pl) {
+  const std::int64_t last_nh = p.group - (pl.head_splits - 1) * pl.heads_per_block;
+  const std::int64_t last_chunk = (pl.q_chunks - 1) * pl.blocks_per_chunk;
+  std::uint8_t kinds = 0;
+  for (std::int64_t qb : {std::int64_t{0}, last_chunk, pl.q_blocks - 1}) {
+    const std::int64_t chunk0 = qb / pl.blocks_per_chunk * pl.blocks_per_chunk;
+    const bool reused = std::min(pl.q_blocks, chunk0 + pl.blocks_per_chunk) - chunk0 > 1;
+    const std::int64_t pos = std::min(p.Lq - qb * pl.pos_per_block, pl.pos_per_block);
+    for (std::int64_t nh : {pl.heads_per_block, last_nh}) {
+      const std::int64_t head_rows = pl.kv_heads_per_task > 1 ? p.group : pos * nh;
+      kinds |= std::uint8_t(1u << static_cast<int>(block_kind(head_rows, reused)));
+    }
+  }
+  return kinds;
+}
+
+}  // namespace
+
+FlashUnit choose_unit(Target target, DType q, DType kv, std::int64_t rows) {
+  if (target != Target::avx512_bf16) return FlashUnit::portable;
+  // Q, K and V bf16: the native tiles everywhere. Decoding steps of 2..kStreamRows rows per K/V
+  // head over bf16 or int8 K/V (any Q): the native streamed units.
+  if (q == DType::bf16 && kv == DType::bf16) return FlashUnit::avx512_bf16;
+  if ((kv == DType::bf16 || kv == DType::i8) && rows >= 2 && rows <= kStreamRows)
+    return FlashUnit::avx512_bf16;
+  return FlashUnit::portable;
+}
+
+Plan plan_flash(const Problem& p, const Choice& choice) {
+  const FlashKernels& fk = flash_kernels(choice);
+  Plan pl = plan_tasks(p, fk.block_rows, fk.block_keys);
+  FlashPath& path = pl.path;
+  path.unit = choose_unit(choice.target, p.q.dtype, p.k.dtype, p.Lq * p.group);
+  for (int k = 0; k < kBlockKinds; ++k)
+    path.block[k] = choose_block(p, path.unit, static_cast<BlockKind>(k), fk.lanes);
+  path.kinds = kinds_met(p, pl);
+  for (int k = 0; k < kBlockKinds; ++k)
+    path.q_hilo |= ((path.kinds >> k) & 1) != 0 && path.block[k].q == QUnit::f32_hilo;
+  if (pl.k_splits > 1) {
+    path.out = OutUnit::partials;
+  } else if (p.out_dtype != DType::f32) {
+    path.out = OutUnit::narrow;
+  } else {
+    path.out = p.B * p.H * p.Lq * p.Dv * 4 > kStreamOutBytes ? OutUnit::f32_stream : OutUnit::f32;
+  }
+  return pl;
+}
+
+std::string path_name(const FlashPath& path) {
+  static constexpr const char* kKind[] = {"tiled", "stream_one", "stream_few"};
+  static constexpr const char* kScore[] = {"tile_f32", "tile_bf16", "dot", "dot_runs"};
+  static constexpr const char* kPv[] = {"tile_f32", "tile_bf16", "runs", "runs_bf16", "runs_vnni"};
+  static constexpr const char* kOut[] = {"f32", "f32_stream", "narrow", "partials"};
+  std::string s = path.unit == FlashUnit::avx512_bf16 ? "avx512_bf16:" : "portable:";
+  bool first = true;
+  for (int k = 0; k < kBlockKinds; ++k) {
+    if (((path.kinds >> k) & 1) == 0) continue;
+    const BlockPath& b = path.block[k];
+    s += first ? "" : ";";
+    s += std::string(kKind[k]) + "=" + kScore[static_cast<int>(b.score)] +
+         (b.q == QUnit::f32_hilo ? "_hilo" : "") + "+" +
+         (b.kv == KvUnit::v_packed ? "vpacked_" : "") + kPv[static_cast<int>(b.pv)];
+    first = false;
+  }
+  return s + "/" + kOut[static_cast<int>(path.out)];
+}
+
+}  // namespace cpuattn::detail

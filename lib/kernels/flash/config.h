@@ -1,0 +1,168 @@
+// The flash op's one decision: how a problem is cut into tasks and which units run each query
+// block (XNNPACK's src/configs/: choose once per operator, run without choosing). plan_flash()
+// makes it from the problem, the call's target and the dtypes and stores it in the Plan; the task
+// driver (driver-inl.h), the profile records (CPUATTN_VERBOSE path=...) and the tests read the
+// Plan, and nothing else derives the choice again.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/inline.h"
+#include "core/problem.h"
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn::detail {
+
+struct Choice;
+
+// At most this many query rows of one K/V head in a block stream K/V in place (the decode
+// units) when the task does not reuse its K/V blocks across query blocks; more rows pack them.
+inline constexpr std::int64_t kStreamRows = 8;
+
+// Which compiled task function runs the problem: the portable one of the call's provider and
+// target, or the native unit (flash_bf16.cc: AVX-512 with AVX512-BF16 and VNNI).
+enum class FlashUnit : std::uint8_t { portable, avx512_bf16 };
+
+// A query block is one of three kinds, by its rows per K/V head and whether its task keeps K/V
+// packed for several query blocks (block_kind()); each kind has its own units (BlockPath).
+enum class BlockKind : std::uint8_t { tiled, stream_one, stream_few };
+inline constexpr int kBlockKinds = 3;
+
+// The units of one query block; each unit's file states its contract (docs/architecture.md
+// lists them):
+//   QUnit      f32       Q rows scaled by scale * log2 e (q_pack-inl.h)
+//              bf16      Q rows copied as bf16 pairs (x86/bf16_tile-inl.h)
+//              f32_hilo  f32 rows plus each row split into bf16 hi + lo (x86/bf16_stream-inl.h)
+//   KvUnit     packed_f32   K panels and V chunks in f32 (kv_pack-inl.h)
+//              packed_bf16  K panels and V chunks as bf16 pairs (x86/bf16_tile-inl.h)
+//              in_place     K and V read where they are (streamed blocks)
+//              v_packed     K in place, V packed per block and head (Dv not whole vectors)
+//   ScoreUnit  tile_f32, tile_bf16   a tile of rows against a packed K panel
+//              dot       streamed K, one stream per block (stream_dot-inl.h)
+//              dot_runs  streamed K in four interleaved runs (stream_runs-inl.h)
+//   PvUnit     tile_f32, tile_bf16   rows of P times packed V chunks
+//              runs        V in place, widened as loaded (pv-inl.h)
+//              runs_bf16   V in place on vdpbf16ps (x86/bf16_stream-inl.h)
+//              runs_vnni   int8 V in place on vpdpwssd (x86/vnni_i8-inl.h)
+enum class QUnit : std::uint8_t { f32, bf16, f32_hilo };
+enum class KvUnit : std::uint8_t { packed_f32, packed_bf16, in_place, v_packed };
+enum class ScoreUnit : std::uint8_t { tile_f32, tile_bf16, dot, dot_runs };
+enum class PvUnit : std::uint8_t { tile_f32, tile_bf16, runs, runs_bf16, runs_vnni };
+
+struct BlockPath {
+  QUnit q;
+  KvUnit kv;
+  ScoreUnit score;
+  PvUnit pv;
+  // The accumulators are in the column order of the native P V runs until the output
+  // (UnpermuteAcc).
+  CPUATTN_ALWAYS_INLINE bool permuted() const {
+    return pv == PvUnit::runs_bf16 || pv == PvUnit::runs_vnni;
+  }
+};
+
+// How rows leave a task: normalised into out (f32, f32 with non-temporal stores where a row is
+// whole aligned vectors, or converted to bf16/f16), or unnormalised into the split-key partials.
+enum class OutUnit : std::uint8_t { f32, f32_stream, narrow, partials };
+
+struct FlashPath {
+  FlashUnit unit = FlashUnit::portable;
+  BlockPath block[kBlockKinds];
+  OutUnit out = OutUnit::f32;
+  std::uint8_t kinds = 0;  // bit k: some query block of the problem is of kind k
+  bool q_hilo = false;     // some block of the problem uses QUnit::f32_hilo
+};
+
+// The kind of a query block of `head_rows` rows per K/V head; `kv_reused`: its task keeps its
+// K/V blocks packed for several query blocks.
+CPUATTN_ALWAYS_INLINE BlockKind block_kind(std::int64_t head_rows, bool kv_reused) {
+  if (kv_reused || head_rows > kStreamRows) return BlockKind::tiled;
+  return head_rows == 1 ? BlockKind::stream_one : BlockKind::stream_few;
+}
+
+struct Plan {
+  std::int64_t rows = 0;         // query rows per block (positions x heads)
+  std::int64_t heads_per_block;  // nh: query heads of one K/V group folded into a block
+  // K/V heads of one task; above 1 only for paged decoding (plan_tasks): the block's rows are
+  // then those heads' groups of query heads, head-major, at one query position.
+  std::int64_t kv_heads_per_task = 1;
+  std::int64_t pos_per_block;     // np: query positions per block
+  std::int64_t head_splits;       // ceil(group / nh): blocks across one group's heads
+  std::int64_t q_blocks;          // ceil(Lq / np)
+  std::int64_t q_chunks;          // tasks per (b, kv head, head split) along the queries
+  std::int64_t blocks_per_chunk;  // q blocks per chunk
+  std::int64_t k_splits;          // tasks along the keys (merged afterwards); 1 = no split
+  std::int64_t keys_per_split;    // multiple of the kernel's key block
+  std::int64_t tasks;  // B * ceil(Hkv / kv_heads_per_task) * head_splits * q_chunks * k_splits
+
+  // A task's partial results when k_splits > 1: for each of its rows, (m, l, acc[Dv]) with acc
+  // unnormalized and m in log2 units; indexed [row][split], row = (b * H + h) * Lq + i.
+  float* partials = nullptr;
+  std::int64_t partial_row_floats = 0;  // Dv + 2
+
+  FlashPath path;
+};
+
+// The plan of `p` for the call's choice: tasks from the shape and the kernel's block sizes
+// (never from the thread count, so results are bitwise identical for any number of threads),
+// and the units of every kind of query block.
+Plan plan_flash(const Problem& p, const Choice& choice);
+
+// The unit a problem with these dtypes runs on a target, `rows` its query rows per K/V head
+// (Lq x group). Public so that active_bf16_path() reports this very rule.
+FlashUnit choose_unit(Target target, DType q, DType kv, std::int64_t rows);
+
+// The path as CPUATTN_VERBOSE prints it, e.g. "portable:tiled=tile_f32+tile_f32/f32" or
+// "avx512_bf16:stream_few=dot_runs_hilo+runs_bf16/partials".
+std::string path_name(const FlashPath& path);
+
+// Layout of one task's scratch, in floats from a 64-byte aligned base. Every array starts on a
+// 64-byte boundary, so the kernels' aligned vector loads hold whatever the row count.
+//   Qp  [rows][qp_stride]  the block's query rows (QUnit): f32, D padded to 16; with f32_hilo
+//                          each row is followed by its hi and lo bf16 copies (2 x D rounded up
+//                          to 32 bf16); QUnit::bf16 keeps bf16 pairs in the same space
+//   S   [rows][Nk]         the scores of one (query block, key block) pair, then the weights
+//   Pb  [rows][Nk] x 16 b  the weights rounded to bf16 (or int16) for the native P V units
+//   Acc [rows][DvP]        the unnormalised output, DvP = Dv rounded up to a vector
+//   m, l                   the running max and a vector of partial sums (<= 16 lanes) per row
+//   rm                     one RowMask (<= 32 bytes) per row
+//   KV                     packed K/V blocks: all of the task's when it keeps them, else one
+struct TaskScratch {
+  std::size_t qp, qp_stride, s, pb, acc, m, l, rm, kv, total;
+  CPUATTN_ALWAYS_INLINE TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys,
+                                    std::int64_t block_keys, std::int64_t dv_padded,
+                                    bool keep_packed) {
+    const auto rows = static_cast<std::size_t>(pl.rows);
+    total = 0;
+    qp_stride = (static_cast<std::size_t>(p.D) + 15) / 16 * 16 +
+                (pl.path.q_hilo ? (static_cast<std::size_t>(p.D) + 31) / 32 * 32 : 0);
+    qp = take(rows * qp_stride);
+    s = take(rows * block_keys);
+    pb = take(rows * block_keys / 2);
+    acc = take(rows * dv_padded);
+    m = take(rows);
+    l = take(rows * 16);
+    rm = take(rows * 8);
+    const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
+    kv = take(static_cast<std::size_t>(blocks * block_keys * (p.D + dv_padded)));
+  }
+
+ private:
+  // Takes `floats` from `total`, rounded up to 16 floats (64 bytes).
+  CPUATTN_ALWAYS_INLINE std::size_t take(std::size_t floats) {
+    const std::size_t start = total;
+    total += (floats + 15) / 16 * 16;
+    return start;
+  }
+};
+
+// Where task split `ks` leaves its (m, l, acc[Dv]) for query row (b, h, i).
+CPUATTN_ALWAYS_INLINE float* partial_row(const Problem& p, const Plan& pl, std::int64_t b,
+                                         std::int64_t h, std::int64_t i, std::int64_t ks) {
+  const std::int64_t row = (b * p.H + h) * p.Lq + i;
+  return pl.partials + (row * pl.k_splits + ks) * pl.partial_row_floats;
+}
+
+}  // namespace cpuattn::detail

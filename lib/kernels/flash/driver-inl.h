@@ -1,0 +1,432 @@
+// The task driver of the fused flash-attention kernel: decodes task t of the plan, walks its
+// query blocks and, for each, its key blocks, and calls the units the plan chose for the block's
+// kind (config.h): Q packing, K/V loading, scores (+ masks), online softmax, P V, and the output
+// epilogue. It decides nothing about which unit runs: that is plan_flash's. Written once against
+// the vector contract (simd/contract.h) for any provider `O`; kNative: this is the avx512_bf16
+// unit (flash_bf16.cc), the only one that compiles the native units (x86/).
+#if defined(CPUATTN_KERNELS_FLASH_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_DRIVER_INL_H_
+#undef CPUATTN_KERNELS_FLASH_DRIVER_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_DRIVER_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/recorder.h"
+#include "core/scratch.h"
+#include "core/softmax.h"
+#include "kernels/common/mask-inl.h"
+#include "kernels/flash/config.h"
+#include "kernels/flash/epilogue-inl.h"
+#include "kernels/flash/geometry-inl.h"
+#include "kernels/flash/kv_pack-inl.h"
+#include "kernels/flash/pv-inl.h"
+#include "kernels/flash/pv_skip_zero-inl.h"
+#include "kernels/flash/q_pack-inl.h"
+#include "kernels/flash/score_tile-inl.h"
+#include "kernels/flash/softmax-inl.h"
+#include "kernels/flash/stream_dot-inl.h"
+#include "kernels/flash/stream_runs-inl.h"
+#include "simd/contract.h"
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// The native units (x86/), defined only in the avx512_bf16 unit.
+template <class O>
+struct Bf16Tile;
+template <class O>
+struct Bf16Stream;
+template <class O>
+struct VnniI8;
+
+// What task t covers: batch b, K/V heads [hk, hk + nhk), query heads [h0, h0 + nh) (with several
+// K/V heads, their groups head-major), query blocks [qb0, qb1), keys [k0, k1) of split ks.
+struct TaskCoords {
+  std::int64_t b, hk, nhk, h0, nh, qb0, qb1, k0, k1, ks;
+  bool keep_packed;  // several query blocks: each K/V block is packed once and kept
+};
+
+CPUATTN_INLINE TaskCoords DecodeTask(const detail::Problem& p, const detail::Plan& pl,
+                                     std::int64_t t) {
+  TaskCoords c;
+  c.ks = t % pl.k_splits;
+  t /= pl.k_splits;
+  const std::int64_t qc = t % pl.q_chunks;
+  t /= pl.q_chunks;
+  const std::int64_t hs = t % pl.head_splits;
+  t /= pl.head_splits;
+  const std::int64_t kv_tasks = (p.Hkv + pl.kv_heads_per_task - 1) / pl.kv_heads_per_task;
+  c.hk = t % kv_tasks * pl.kv_heads_per_task;
+  c.b = t / kv_tasks;
+  c.nhk = std::min(pl.kv_heads_per_task, p.Hkv - c.hk);
+  c.nh =
+      c.nhk > 1 ? c.nhk * p.group : std::min(pl.heads_per_block, p.group - hs * pl.heads_per_block);
+  c.h0 = c.hk * p.group + hs * pl.heads_per_block;
+  c.qb0 = qc * pl.blocks_per_chunk;
+  c.qb1 = std::min(pl.q_blocks, c.qb0 + pl.blocks_per_chunk);
+  c.k0 = c.ks * pl.keys_per_split;
+  c.k1 = std::min(p.Lk, c.k0 + pl.keys_per_split);
+  c.keep_packed = c.qb1 - c.qb0 > 1;
+  return c;
+}
+
+// The task's arrays in its scratch (TaskScratch, config.h).
+struct TaskBuffers {
+  float* qp;
+  std::int64_t qs;  // Qp row stride
+  float *s, *acc, *m, *l, *kv;
+  RowMask* rm;
+  std::uint16_t* pb;
+  std::int64_t packed_blocks = 0;  // with keep_packed: K/V blocks [0, packed_blocks) are ready
+};
+
+template <class O>
+CPUATTN_INLINE TaskBuffers LayOutTask(const detail::Problem& p, const detail::Plan& pl,
+                                      const TaskCoords& tc, const Geometry<O>& g,
+                                      detail::Scratch& scratch) {
+  const detail::TaskScratch ts(p, pl, tc.k1 - tc.k0, g.Nk, g.DvP, tc.keep_packed);
+  float* base = scratch.get(ts.total);
+  static_assert(sizeof(RowMask) <= 8 * sizeof(float) && alignof(RowMask) <= 64);
+  TaskBuffers tb;
+  tb.qp = base + ts.qp;
+  tb.qs = static_cast<std::int64_t>(ts.qp_stride);
+  tb.s = base + ts.s;
+  tb.acc = base + ts.acc;
+  tb.m = base + ts.m;
+  tb.l = base + ts.l;
+  tb.kv = base + ts.kv;
+  tb.rm = reinterpret_cast<RowMask*>(base + ts.rm);
+  tb.pb = reinterpret_cast<std::uint16_t*>(base + ts.pb);
+  return tb;
+}
+
+// A query block: positions [pos0, pos1) x the task's nh heads, `rows` rows (head_rows per K/V
+// head), the units of its kind, and the keys its rows may see because of causality, key lengths
+// and the window: row r sees [begin(r), end(r)), both non-decreasing in r, so key blocks before
+// kb_first are skipped whole, blocks from end_hi on are never read, and keys below end_lo and
+// from begin_hi on are seen by every row.
+struct QueryBlock {
+  std::int64_t pos0, pos1;
+  int rows, head_rows;
+  std::int64_t end_lo, end_hi, begin_hi, kb_first;
+  detail::BlockPath path;
+};
+
+template <class O>
+CPUATTN_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const detail::Plan& pl,
+                                       const TaskCoords& tc, const Geometry<O>& g,
+                                       std::int64_t qb) {
+  QueryBlock q;
+  q.pos0 = qb * pl.pos_per_block;
+  q.pos1 = std::min(p.Lq, q.pos0 + pl.pos_per_block);
+  q.rows = static_cast<int>((q.pos1 - q.pos0) * tc.nh);
+  q.head_rows = q.rows / static_cast<int>(tc.nhk);
+  q.path = pl.path.block[static_cast<int>(detail::block_kind(q.head_rows, tc.keep_packed))];
+  q.end_lo = std::min(tc.k1, p.key_end(tc.b, q.pos0));
+  q.end_hi = std::min(tc.k1, p.key_end(tc.b, q.pos1 - 1));
+  const std::int64_t begin_lo = std::clamp(p.key_begin(q.pos0), tc.k0, tc.k1);
+  q.begin_hi = std::clamp(p.key_begin(q.pos1 - 1), tc.k0, tc.k1);
+  q.kb_first = tc.k0 + (begin_lo - tc.k0) / g.Nk * g.Nk;
+  return q;
+}
+
+// QUnit: the block's query rows into Qp.
+template <class O, bool kNative>
+CPUATTN_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                                const TaskBuffers& tb) {
+  const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+  if (q.path.q == detail::QUnit::bf16) {
+    if constexpr (kNative)
+      Bf16Tile<O>::PackQ(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, (p.D + 1) / 2,
+                         reinterpret_cast<std::uint16_t*>(tb.qp));
+    return;
+  }
+  PackQ<O>(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, qscale, tb.qs, tb.qp);
+  if constexpr (kNative) {
+    if (q.path.q == detail::QUnit::f32_hilo) Bf16Stream<O>::SplitQRows(tb.qp, q.rows, tb.qs, p.D);
+  }
+}
+
+// The variants every score of a call goes through (soft-cap, ALiBi) and its mask kind.
+inline MaskInfo MaskInfoOf(const detail::Problem& p) {
+  MaskInfo mi{p.mask_kind, p.mask.s[3]};
+  if (p.softcap != 0) {
+    mi.softcap = true;
+    mi.cap = static_cast<float>(p.softcap * detail::kLog2e);
+    mi.k = static_cast<float>(2.0 / p.softcap);  // 2 log2(e) / (softcap log2(e))
+  }
+  mi.alibi = p.has_alibi();
+  return mi;
+}
+
+// Row r of a block is (position pos0 + r / nh, head h0 + r % nh): nested loops avoid a 64-bit
+// division per row and block.
+CPUATTN_INLINE void SetRowSlopes(const detail::Problem& p, const TaskCoords& tc,
+                                 const QueryBlock& q, const MaskInfo& mi, RowMask* rm) {
+  for (std::int64_t i = q.pos0, r = 0; i < q.pos1; ++i)
+    for (std::int64_t h = tc.h0; h < tc.h0 + tc.nh; ++h, ++r)
+      rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(tc.b, h) * detail::kLog2e) : 0.0f;
+}
+
+// A key block: keys [kb0, kb0 + nk) of the task, the first nk_live of which some row may see
+// (ncols: rounded up to whole score panels); columns [clean_lo, clean_hi) need no per-element
+// mask for any row; kp/vp: its packed K/V (packed units).
+struct KeyBlock {
+  std::int64_t kb0, nk, nk_live, ncols, clean_lo, clean_hi;
+  float *kp, *vp;
+};
+
+// KvUnit: the block's geometry, and for the packed units the block packed (once per task when
+// the task keeps them) after asking for the rows two blocks ahead, so that their misses overlap
+// this block's work. Streamed blocks prefetch their own rows as they read them (stream_dot-inl.h).
+template <class O, bool kNative>
+KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                      const Geometry<O>& g, std::int64_t kb0, TaskBuffers& tb) {
+  KeyBlock kb;
+  kb.kb0 = kb0;
+  kb.nk = std::min(g.Nk, tc.k1 - kb0);
+  const std::int64_t slot = tc.keep_packed ? (kb0 - tc.k0) / g.Nk : 0;
+  kb.kp = tb.kv + slot * g.kv_block_floats();
+  kb.vp = kb.kp + g.k_block_floats();
+  kb.nk_live = std::min(kb.nk, q.end_hi - kb0);
+  kb.ncols = (kb.nk_live + g.W - 1) / g.W * g.W;
+  kb.clean_hi = p.mask_kind != detail::MaskKind::none
+                    ? 0
+                    : std::max<std::int64_t>(0, std::min(kb.nk, q.end_lo - kb0));
+  kb.clean_lo = std::clamp<std::int64_t>(q.begin_hi - kb0, 0, kb.nk);
+  const bool packed =
+      q.path.kv == detail::KvUnit::packed_f32 || q.path.kv == detail::KvUnit::packed_bf16;
+  if (!packed || (tc.keep_packed && slot < tb.packed_blocks)) return kb;
+  if (kb0 == q.kb_first)
+    PrefetchKV(p, tc.b, tc.hk, kb0 + g.Nk, std::clamp<std::int64_t>(tc.k1 - kb0 - g.Nk, 0, g.Nk));
+  if (kb0 + 2 * g.Nk < tc.k1)
+    PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * g.Nk, std::min(g.Nk, tc.k1 - kb0 - 2 * g.Nk));
+  if (q.path.kv == detail::KvUnit::packed_bf16) {
+    if constexpr (kNative) {
+      Bf16Tile<O>::PackK(p, tc.b, tc.hk, kb0, kb.nk, reinterpret_cast<std::uint32_t*>(kb.kp));
+      Bf16Tile<O>::PackV(p, g.DvP, tc.b, tc.hk, kb0, kb.nk,
+                         reinterpret_cast<std::uint32_t*>(kb.vp));
+    }
+  } else {
+    PackKV<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kb.kp, kb.vp);
+  }
+  if (tc.keep_packed) tb.packed_blocks = slot + 1;
+  return kb;
+}
+
+// Each row's visible keys [begin, end) within the key block, its ALiBi position relative to the
+// block's first key (clamped far outside it: the distance only grows), and its mask row.
+CPUATTN_INLINE void SetRowMasks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                                const KeyBlock& kb, RowMask* rm) {
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(p.mask.dtype));
+  for (std::int64_t i = q.pos0, r = 0; i < q.pos1; ++i) {
+    const auto end = static_cast<std::int32_t>(
+        std::clamp<std::int64_t>(std::min(tc.k1, p.key_end(tc.b, i)) - kb.kb0, 0, kb.nk));
+    const auto begin =
+        static_cast<std::int32_t>(std::clamp<std::int64_t>(p.key_begin(i) - kb.kb0, 0, kb.nk));
+    const auto pos = static_cast<std::int32_t>(std::clamp<std::int64_t>(
+        p.pos(i) - kb.kb0, -(std::int64_t{1} << 30), std::int64_t{1} << 30));
+    for (std::int64_t h = tc.h0; h < tc.h0 + tc.nh; ++h, ++r) {
+      rm[r].begin = begin;
+      rm[r].end = end;
+      rm[r].pos = pos;
+      rm[r].mask =
+          p.mask_kind == detail::MaskKind::none
+              ? nullptr
+              : static_cast<const char*>(p.mask.data) + (tc.b * p.mask.s[0] + h * p.mask.s[1] +
+                                                         i * p.mask.s[2] + kb.kb0 * p.mask.s[3]) *
+                                                            esize;
+    }
+  }
+}
+
+// The rows [lo, hi) of K/V head `head` (the j-th of the task) within a block.
+struct HeadRows {
+  std::int64_t j, head;
+  int lo, hi;
+};
+
+// ScoreUnit: S rows [hr.lo, hr.hi) of the key block. Tiles mask in their epilogue; streamed
+// rows are masked in a pass over S, skipped for a row with no mask tensor that sees every column
+// (decoding's usual case).
+template <class O, bool kNative>
+void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi,
+                const TaskBuffers& tb, detail::PhaseClock& clock) {
+  using detail::ScoreUnit;
+  const int n = hr.hi - hr.lo;
+  const float* qp = tb.qp + hr.lo * tb.qs;
+  float* s = tb.s + hr.lo * g.Nk;
+  const bool hilo = q.path.q == detail::QUnit::f32_hilo;
+  switch (q.path.score) {
+    case ScoreUnit::tile_f32:
+      ScoreBlockTiles<O>(n, qp, tb.qs, g.D, kb.kp, kb.ncols, kb.clean_lo, kb.clean_hi, s, g.Nk,
+                         tb.rm + hr.lo, mi);
+      clock.lap(Phase::scores);
+      return;
+    case ScoreUnit::tile_bf16:
+      if constexpr (kNative)
+        Bf16Tile<O>::ScoreBlock(
+            n, reinterpret_cast<const std::uint32_t*>(qp), (p.D + 1) / 2, (p.D + 1) / 2,
+            reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols, kb.clean_lo, kb.clean_hi,
+            static_cast<float>(p.scale) * detail::kLog2e, s, g.Nk, tb.rm + hr.lo, mi);
+      clock.lap(Phase::scores);
+      return;
+    case ScoreUnit::dot:
+      if (hilo) {
+        if constexpr (kNative)
+          ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s,
+                                 g.Nk);
+      } else {
+        ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk);
+      }
+      break;
+    case ScoreUnit::dot_runs:
+      if (hilo) {
+        if constexpr (kNative)
+          ScoreBlockRuns<O, true>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
+                                  qp, tb.qs, s, g.Nk);
+      } else {
+        ScoreBlockRuns<O, false>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
+                                 qp, tb.qs, s, g.Nk);
+      }
+      break;
+  }
+  clock.lap(Phase::scores);
+  for (int r = hr.lo; r < hr.hi; ++r) {
+    const RowMask& rm = tb.rm[r];
+    if (rm.mask != nullptr || rm.end < kb.ncols || rm.begin > 0 || mi.transforms())
+      MaskScoreRow<O>(tb.s + r * g.Nk, kb.ncols, rm, mi);
+  }
+  clock.lap(Phase::mask);
+}
+
+// PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block.
+template <class O, bool kNative>
+void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+             const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const TaskBuffers& tb) {
+  using detail::PvUnit;
+  float* acc = tb.acc;
+  switch (q.path.pv) {
+    case PvUnit::tile_f32:
+      if (q.path.kv == detail::KvUnit::v_packed)
+        PackV<O>(p, g, tc.b, hr.head, kb.kb0, kb.nk, kb.vp);
+      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, kb.vp, kb.nk, kb.nk_live, acc, g.DvP);
+      return;
+    case PvUnit::tile_bf16:
+      if constexpr (kNative)
+        Bf16Tile<O>::PvBlock(q.rows, tb.s, g.Nk, tb.pb, kb.ncols,
+                             reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live, acc,
+                             g.DvP);
+      return;
+    case PvUnit::runs:
+      if (p.v_scale != nullptr)
+        ScalePByVScales<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk);
+      PvBlockRuns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, acc, g.DvP);
+      return;
+    case PvUnit::runs_bf16:
+      if constexpr (kNative)
+        Bf16Stream<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, kb.ncols, hr.lo, hr.hi, tb.s,
+                               g.Nk, tb.pb, acc, g.DvP);
+      return;
+    case PvUnit::runs_vnni:
+      if constexpr (kNative)
+        VnniI8<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, tb.pb,
+                           acc, g.DvP);
+      return;
+  }
+}
+
+// The query block's key blocks folded into each row's m, l and Acc. exact_pv: P V skips the
+// keys of weight 0 (PvSkipZero), for a block whose first run met a non-finite value in a key it
+// excludes. With several K/V heads (paged decoding) the heads run one after another through the
+// same block, so each page's [Hkv, P, D] is read front to back and a head's V rows are used while
+// the prefetch has them in L2.
+template <class O, bool kNative>
+void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                  const Geometry<O>& g, const MaskInfo& mi, TaskBuffers& tb, bool exact_pv,
+                  detail::PhaseClock& clock) {
+  constexpr int N = O::kLanes;
+  for (int r = 0; r < q.rows; ++r) {
+    tb.m[r] = -std::numeric_limits<float>::infinity();
+    O::Store(O::Zero(), tb.l + r * N);
+  }
+  std::fill(tb.acc, tb.acc + q.rows * g.DvP, 0.0f);
+  for (std::int64_t kb0 = q.kb_first; kb0 < q.end_hi; kb0 += g.Nk) {
+    const KeyBlock kb = LoadKeyBlock<O, kNative>(p, tc, q, g, kb0, tb);
+    clock.lap(Phase::pack_kv);
+    SetRowMasks(p, tc, q, kb, tb.rm);
+    clock.lap(Phase::mask);
+    for (std::int64_t j = 0; j < tc.nhk; ++j) {
+      const HeadRows hr{j, tc.hk + j, static_cast<int>(j) * q.head_rows,
+                        static_cast<int>(j + 1) * q.head_rows};
+      ScoreBlock<O, kNative>(p, tc, q, g, kb, hr, mi, tb, clock);
+      for (int r = hr.lo; r < hr.hi; ++r)
+        OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
+                            g.DvP);
+      clock.lap(Phase::softmax);
+      if (exact_pv) {
+        PvSkipZero<O>(p, tc.b, hr.head, kb0, kb.nk_live, hr.hi - hr.lo, tb.s + hr.lo * g.Nk, g.Nk,
+                      tb.acc + hr.lo * g.DvP, g.DvP);
+      } else {
+        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb);
+      }
+      clock.lap(Phase::pv);
+    }
+  }
+  if constexpr (kNative) {
+    if (q.path.permuted() && !exact_pv) Bf16Stream<O>::UnpermuteAcc(tb.acc, q.rows, g.DvP, g.Dv);
+  }
+}
+
+// The output epilogue of the query block's rows: normalised into out (and lse), or the
+// unnormalised state into the split-key partials.
+template <class O>
+void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const TaskCoords& tc,
+                     const QueryBlock& q, const Geometry<O>& g, const TaskBuffers& tb) {
+  for (int r = 0; r < q.rows; ++r) {
+    const std::int64_t i = q.pos0 + r / tc.nh, h = tc.h0 + r % tc.nh;
+    const detail::RowState st{tb.m[r], O::ReduceSum(O::Load(tb.l + r * O::kLanes)),
+                              static_cast<float>(p.sink(h) * detail::kLog2e)};
+    if (pl.path.out == detail::OutUnit::partials) {
+      WritePartial(p, pl, st, tb.acc + r * g.DvP, tc.b, h, i, tc.ks);
+    } else {
+      WriteRow<O>(p, pl.path.out, st, tb.acc + r * g.DvP, tc.b, h, i);
+    }
+  }
+}
+
+// Runs task t of the plan (see TaskCoords). With a log (profiling on) the time is split into
+// phases at every step of every key block; without one each step's check is a predicted branch.
+template <class O, bool kNative = false>
+void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+             detail::Scratch& scratch, detail::ThreadLog* log) {
+  static_assert(simd::VectorOps<O>);
+  detail::PhaseClock clock(log);
+  const Geometry<O> g(p, O::kBlockKeys);
+  const TaskCoords tc = DecodeTask(p, pl, t);
+  TaskBuffers tb = LayOutTask<O>(p, pl, tc, g, scratch);
+  const MaskInfo mi = MaskInfoOf(p);
+  for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
+    const QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
+    PackQueries<O, kNative>(p, tc, q, tb);
+    clock.lap(Phase::pack_q);
+    SetRowSlopes(p, tc, q, mi, tb.rm);
+    RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, false, clock);
+    if (!AccFinite<O>(tb.acc, q.rows * g.DvP))
+      RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, true, clock);
+    WriteQueryBlock<O>(p, pl, tc, q, g, tb);
+    clock.lap(Phase::output);
+  }
+  // Non-temporal stores are weakly ordered: complete them before the task reports done.
+  if (pl.path.out == detail::OutUnit::f32_stream) O::StreamFence();
+  clock.lap(Phase::output);
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_DRIVER_INL_H_

@@ -1,0 +1,95 @@
+// The score unit of the f32 tiled path (ScoreUnit::tile_f32): tiles of Qp rows against packed K
+// panels, masked in the epilogue (kernels/common/mask-inl.h, StoreScores); the dispatch from a
+// run-time row count to the unrolled tile; and a whole block's scores.
+#if defined(CPUATTN_KERNELS_FLASH_SCORE_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_SCORE_TILE_INL_H_
+#undef CPUATTN_KERNELS_FLASH_SCORE_TILE_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_SCORE_TILE_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/common/mask-inl.h"
+#include "kernels/common/outer-inl.h"
+#include "simd/target_namespace.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// Scores of R rows x W = C vectors of keys (C = O::kScoreCols): S[r][0:W] = Qp[r] . Kp panel.
+// R * C accumulators stay in registers for the whole D loop; each d costs C loads, R broadcasts
+// and R * C FMAs.
+template <class O, int R, bool kMasked>
+CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, std::int64_t D,
+                              const float* CPUATTN_RESTRICT kp, float* CPUATTN_RESTRICT s,
+                              std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
+                              const MaskInfo& mi) {
+  using V = typename O::V;
+  constexpr int C = O::kScoreCols;
+  V acc[R][C];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
+  }
+  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * O::kLanes, D, acc);
+  ScoreEpilogue<O, R, C, kMasked>(acc, s, s_stride, col0, rows, mi);
+}
+
+template <class O, bool kMasked>
+void ScoreRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp, float* s,
+               std::int64_t s_stride, std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
+  static_assert(O::kScoreRows <= 12, "extend the switch below");
+  switch (R) {
+#define CPUATTN_SCORE_CASE(n)                                              \
+  case n:                                                                  \
+    if constexpr (n <= O::kScoreRows)                                      \
+      ScoreTile<O, n, kMasked>(q, qs, D, kp, s, s_stride, col0, rows, mi); \
+    break;
+    CPUATTN_SCORE_CASE(1)
+    CPUATTN_SCORE_CASE(2)
+    CPUATTN_SCORE_CASE(3)
+    CPUATTN_SCORE_CASE(4)
+    CPUATTN_SCORE_CASE(5)
+    CPUATTN_SCORE_CASE(6)
+    CPUATTN_SCORE_CASE(7)
+    CPUATTN_SCORE_CASE(8)
+    CPUATTN_SCORE_CASE(9)
+    CPUATTN_SCORE_CASE(10)
+    CPUATTN_SCORE_CASE(11)
+    CPUATTN_SCORE_CASE(12)
+#undef CPUATTN_SCORE_CASE
+    default:
+      break;
+  }
+}
+
+// Scores of a block's `rows` Qp rows (stride qs) against the packed K panels of its first ncols
+// keys (whole panels), into S rows of s_stride: columns [clean_lo, clean_hi) of the block need
+// no per-element mask for any row, the others take the row masks rm[r].
+template <class O>
+void ScoreBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, const float* kp,
+                     std::int64_t ncols, std::int64_t clean_lo, std::int64_t clean_hi, float* s,
+                     std::int64_t s_stride, const RowMask* rm, const MaskInfo& mi) {
+  constexpr int W = O::kScoreCols * O::kLanes;
+  for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+    const float* panel = kp + (c0 / W) * D * W;
+    const bool masked = c0 < clean_lo || c0 + W > clean_hi;
+    const auto col0 = static_cast<std::int32_t>(c0);
+    for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+      const int R = std::min(O::kScoreRows, rows - r0);
+      if (masked) {
+        ScoreRows<O, true>(R, qp + r0 * qs, qs, D, panel, s + r0 * s_stride + c0, s_stride, col0,
+                           rm + r0, mi);
+      } else {
+        ScoreRows<O, false>(R, qp + r0 * qs, qs, D, panel, s + r0 * s_stride + c0, s_stride, col0,
+                            rm + r0, mi);
+      }
+    }
+  }
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_SCORE_TILE_INL_H_

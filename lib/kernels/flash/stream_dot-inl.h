@@ -1,0 +1,214 @@
+// The score unit ScoreUnit::dot: streamed blocks of few query rows (decoding), K read in place
+// where packing it would cost more than it saves. One stream per block; stream_runs-inl.h
+// reads four at once.
+#if defined(CPUATTN_KERNELS_FLASH_STREAM_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CPUATTN_KERNELS_FLASH_STREAM_DOT_INL_H_
+#undef CPUATTN_KERNELS_FLASH_STREAM_DOT_INL_H_
+#else
+#define CPUATTN_KERNELS_FLASH_STREAM_DOT_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/dtypes.h"
+#include "core/problem.h"
+#include "simd/prefetch.h"
+#include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
+#include "simd/x86-inl.h"
+
+CPUATTN_NAMESPACE_BEGIN
+
+// Where the bf16 hi and lo copies of a Qp row start (QUnit::f32_hilo, x86/bf16_stream-inl.h):
+// after the row's D floats rounded up to 16.
+inline std::int64_t QHiLoOffset(std::int64_t D) { return (D + 15) / 16 * 16; }
+
+// The native hi/lo dot (x86/bf16_stream-inl.h), defined only in the avx512_bf16 unit.
+template <class O>
+struct Bf16Stream;
+
+#if CPUATTN_SIMD_BITS == 512
+// R rows' dot products with four keys (rows k[0..3] of D elements), one 128-bit vector per row
+// whose lane g is key g: R x 4 accumulators (<= 24 of the 32 registers, plus 4 K vectors), and
+// one 4-way reduction per row instead of four (measured: the per-key reductions made the score
+// loop compute-bound at 50-70 cycles per key, twice the memory time of int8 K).
+// kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
+template <class O, bool kHiLo, int R, class T>
+CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                         const T* const (&k)[4], __m128 (&sum)[R]) {
+  if constexpr (kHiLo && std::is_same_v<T, detail::Bf16> && R >= 2) {
+    Bf16Stream<O>::template Dot4HiLo<R>(qd, dp, D, k, sum);
+    return;
+  }
+  constexpr int N = O::kLanes;
+  const std::int64_t dv = D / N * N;
+  typename O::V acc[R][4];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
+  }
+  if constexpr (sizeof(T) == 1) {
+    // int8: the four rows are four short runs (128 bytes at D = 128), so reading them d by d
+    // still moves through memory in order, and each Q vector load serves four keys.
+    for (std::int64_t d = 0; d < dv; d += N) {
+      typename O::V kv[4];
+      CPUATTN_UNROLL(4)
+      for (int g = 0; g < 4; ++g) kv[g] = LoadWide<O>(k[g] + d);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        const typename O::V qv = O::Load(qd + r * dp + d);
+        CPUATTN_UNROLL(4)
+        for (int g = 0; g < 4; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+      }
+    }
+  } else {
+    // Key after key, each row front to back: the addresses ascend as in a plain stream, which
+    // the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on D2 with
+    // f32 and bf16 K, from DRAM; with int8 K it gained nothing).
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < 4; ++g) {
+      for (std::int64_t d = 0; d < dv; d += N) {
+        const typename O::V kv = LoadWide<O>(k[g] + d);
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) acc[r][g] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r][g]);
+      }
+    }
+  }
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    sum[r] = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
+                             O::ToRaw(acc[r][3]));
+    if (dv < D) {
+      alignas(16) float tail[4] = {};
+      for (int g = 0; g < 4; ++g)
+        for (std::int64_t d = dv; d < D; ++d) tail[g] += qd[r * dp + d] * detail::to_float(k[g][d]);
+      sum[r] = _mm_add_ps(sum[r], _mm_load_ps(tail));
+    }
+  }
+}
+#endif
+
+// Streaming scores for a few query rows (decode): S[r][j] = Qd[r] . K[j] with K read in place,
+// row after row, so the stream runs at memory speed and nothing is packed. One K vector load
+// serves R rows; a horizontal sum per score is affordable because there are few rows. K of a
+// reduced-precision dtype is widened in registers as it is loaded (each element is used by all
+// R rows of that load); an int8 key's score is multiplied by its scale, kscale[j * kss]. With
+// `vpf`, the V rows of the same keys (vpf + j * vpf_stride, vpf_bytes long) are prefetched, and
+// K rows ahead among the k_valid keys that exist from k on.
+template <class O, bool kHiLo, int R, class T>
+CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                               const T* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
+                               const float* kscale, std::int64_t kss, float* CPUATTN_RESTRICT s,
+                               std::int64_t s_stride, const char* vpf, std::int64_t vpf_stride,
+                               std::int64_t vpf_bytes, std::int64_t k_valid) {
+  constexpr int N = O::kLanes;
+  const std::int64_t dv = D / N * N;
+  std::int64_t j = 0;
+#if CPUATTN_SIMD_BITS == 512
+  if constexpr (R <= 6) {
+    for (; j + 4 <= nk; j += 4) {
+      const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
+      __m128 sum[R];
+      Dot4<O, kHiLo, R, T>(qd, dp, D, k4, sum);
+      // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
+      // block's scores, and a second stream in flight beside K's nearly doubles what one core
+      // pulls from DRAM (D2 with bf16 K/V, 1 thread: 33 -> 26.5 ms). Whole blocks ahead into L2
+      // as well (PrefetchKV) cost contiguous int8 decoding 15% (Zen 5), so streamed blocks skip it.
+      // With it, the K rows 16 keys ahead (of the k_valid keys from k on that exist, so across the
+      // block's end but never past the task's keys: no address outside K is formed): the
+      // hardware prefetcher alone left a one-row-per-block decode (M2) latency-bound (bf16 cache:
+      // M2 4.7 -> 4.3 ms, D2 26.5 -> 24.5 ms, 1 thread).
+      if (vpf != nullptr) {
+        for (int g = 0; g < 4 && j + 16 + g < k_valid; ++g)
+          for (std::int64_t off = 0; off < D * static_cast<std::int64_t>(sizeof(T)); off += 64)
+            detail::Prefetch<3>(reinterpret_cast<const char*>(k + (j + 16 + g) * ks) + off);
+        for (int g = 0; g < 4; ++g)
+          for (std::int64_t off = 0; off < vpf_bytes; off += 64)
+            detail::Prefetch<3>(vpf + (j + g) * vpf_stride + off);
+      }
+      // The four scores of each row leave as one 128-bit vector: the epilogue per key (tail,
+      // scale, store) cost as many operations as the key's FMAs (int8 K, D2 on one thread).
+      const __m128 sc = kscale == nullptr
+                            ? _mm_set1_ps(1.0f)
+                            : _mm_setr_ps(kscale[j * kss], kscale[(j + 1) * kss],
+                                          kscale[(j + 2) * kss], kscale[(j + 3) * kss]);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r)
+        _mm_storeu_ps(s + r * s_stride + j, kscale == nullptr ? sum[r] : _mm_mul_ps(sum[r], sc));
+    }
+  }
+#endif
+  for (; j < nk; ++j) {
+    const T* krow = k + j * ks;
+    typename O::V acc[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) acc[r] = O::Zero();
+    for (std::int64_t d = 0; d < dv; d += N) {
+      const typename O::V kv = LoadWide<O>(krow + d);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r]);
+    }
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      float tail = 0.0f;
+      for (std::int64_t d = dv; d < D; ++d) tail += qd[r * dp + d] * detail::to_float(krow[d]);
+      const float dot = O::ReduceSum(acc[r]) + tail;
+      s[r * s_stride + j] = kscale == nullptr ? dot : dot * kscale[j * kss];
+    }
+  }
+}
+
+template <class O, bool kHiLo, class T>
+void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T* k, std::int64_t ks,
+               std::int64_t nk, const float* kscale, std::int64_t kss, float* s,
+               std::int64_t s_stride, const char* vpf = nullptr, std::int64_t vpf_stride = 0,
+               std::int64_t vpf_bytes = 0, std::int64_t k_valid = 0) {
+  switch (R) {
+#define CPUATTN_DOT_CASE(n)                                                                     \
+  case n:                                                                                       \
+    DotScoresR<O, kHiLo, n, T>(qd, dp, D, k, ks, nk, kscale, kss, s, s_stride, vpf, vpf_stride, \
+                               vpf_bytes, k_valid);                                             \
+    break;
+    CPUATTN_DOT_CASE(1)
+    CPUATTN_DOT_CASE(2)
+    CPUATTN_DOT_CASE(3)
+    CPUATTN_DOT_CASE(4)
+    CPUATTN_DOT_CASE(5)
+    CPUATTN_DOT_CASE(6)
+    CPUATTN_DOT_CASE(7)
+    CPUATTN_DOT_CASE(8)
+#undef CPUATTN_DOT_CASE
+    default:
+      break;
+  }
+}
+
+// ScoreUnit::dot for the `rows` Qp rows (stride qs) of K/V head hk: keys [0, nk_live) of the
+// contiguous block at kb0 (task keys end at k1) into S rows of s_stride. V rows are prefetched
+// beside K for reduced-precision V only: with f32 V it moved the same time from P V into the
+// scores.
+template <class O, bool kHiLo>
+void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
+                   std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
+                   std::int64_t qs, float* s, std::int64_t s_stride) {
+  detail::with_elem(p.k.dtype, [&](auto t) {
+    using T = decltype(t);
+    const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
+    const T* K = static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hk * p.k.s[1];
+    const float* kscale = p.k_scale == nullptr
+                              ? nullptr
+                              : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hk * p.k_scale_s[1];
+    const char* vpf = p.v.dtype == DType::f32 ? nullptr
+                                              : static_cast<const char*>(p.v.data) +
+                                                    (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
+    DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
+                           s_stride, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+  });
+}
+
+CPUATTN_NAMESPACE_END
+
+#endif  // CPUATTN_KERNELS_FLASH_STREAM_DOT_INL_H_
