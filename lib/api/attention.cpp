@@ -51,77 +51,101 @@ void note_work(const Problem& p, Recorder& rec) {
   rec.add_work(flops, bytes);
 }
 
+// The plans of a set of problems and where their tasks and split-key partials live, all in the
+// call's scratch, so that a steady-state call does not allocate: problem i owns the tasks
+// [first[i], first[i + 1]).
+struct PlanSet {
+  Plan* plans;
+  std::int64_t* first;
+  std::size_t n;
+};
+
+PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, Scratch& call) {
+  static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
+  const auto floats_of = [](std::size_t bytes) { return (bytes + 63) / 64 * 16; };
+  const std::size_t plan_floats = floats_of(n * sizeof(Plan));
+  const std::size_t first_floats = floats_of((n + 1) * sizeof(std::int64_t));
+  const auto partial_floats = [&](const Plan& pl, const Problem& p) {
+    return pl.k_splits > 1
+               ? static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats)
+               : 0;
+  };
+  std::size_t partials = 0;
+  for (std::size_t i = 0; i < n; ++i) partials += partial_floats(plan_flash(ps[i], choice), ps[i]);
+  float* base = call.get(plan_floats + first_floats + partials);
+  PlanSet set{reinterpret_cast<Plan*>(base), reinterpret_cast<std::int64_t*>(base + plan_floats),
+              n};
+  float* next_partial = base + plan_floats + first_floats;
+  set.first[0] = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    Plan* pl = new (set.plans + i) Plan(plan_flash(ps[i], choice));
+    set.first[i + 1] = set.first[i] + pl->tasks;
+    if (pl->k_splits > 1) {
+      pl->partials = next_partial;
+      next_partial += partial_floats(*pl, ps[i]);
+    }
+  }
+  return set;
+}
+
+// The call's work, tasks, key splits and path for its record.
+void record_set(const Problem* ps, const PlanSet& set, Recorder& rec) {
+  std::int64_t max_splits = 1;
+  std::string path = path_name(set.plans[0].path);
+  for (std::size_t i = 0; i < set.n; ++i) {
+    note_work(ps[i], rec);
+    max_splits = std::max(max_splits, set.plans[i].k_splits);
+    const std::string other = path_name(set.plans[i].path);
+    if (path.find(other) == std::string::npos) path += "|" + other;
+  }
+  rec.add_tasks(set.first[set.n]);
+  rec.set_k_splits(max_splits);
+  rec.set_path(path);
+}
+
 // Runs problems that share dtypes (one call, or the sequences of a packed batch) as one set of
-// tasks on the context's threads, then merges each problem's split keys.
+// tasks on the context's threads, each with the unit its plan chose, then merges each problem's
+// split keys (64 rows per task, timed as the merge).
 void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   Context::Impl& c = ContextAccess::impl(ctx);
   Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const Choice& choice = choose(&ctx);
-  // The plans, the task offsets (problem i owns the tasks [first[i], first[i + 1])) and the
-  // split-key partial results live in the call's scratch: a steady-state call does not allocate.
-  static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
-  const auto floats_of = [](std::size_t bytes) { return (bytes + 63) / 64 * 16; };
-  const std::size_t plan_floats = floats_of(n * sizeof(Plan));
-  const std::size_t first_floats = floats_of((n + 1) * sizeof(std::int64_t));
-  std::size_t partial_floats = 0;
-  std::int64_t max_splits = 1;
-  Plan local;  // sized before the scratch exists
-  for (std::size_t i = 0; i < n; ++i) {
-    local = plan_flash(ps[i], choice);
-    if (local.k_splits > 1)
-      partial_floats += static_cast<std::size_t>(ps[i].B * ps[i].H * ps[i].Lq * local.k_splits *
-                                                 local.partial_row_floats);
-    max_splits = std::max(max_splits, local.k_splits);
-  }
   Scratch& call = c.call_scratch.local();
   const Context::Impl::Lease call_lease{c, call};
-  float* base = call.get(plan_floats + first_floats + partial_floats);
-  Plan* plans = reinterpret_cast<Plan*>(base);
-  auto* first = reinterpret_cast<std::int64_t*>(base + plan_floats);
-  float* partials = base + plan_floats + first_floats;
-  first[0] = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const Problem& p = ps[i];
-    new (plans + i) Plan(plan_flash(p, choice));
-    first[i + 1] = first[i] + plans[i].tasks;
-    if (plans[i].k_splits > 1) {
-      plans[i].partials = partials;
-      partials += p.B * p.H * p.Lq * plans[i].k_splits * plans[i].partial_row_floats;
-    }
-  }
-  if (rec != nullptr) {
-    for (std::size_t i = 0; i < n; ++i) note_work(ps[i], *rec);
-    rec->add_tasks(first[n]);
-    rec->set_k_splits(max_splits);
-    std::string path = path_name(plans[0].path);
-    for (std::size_t i = 1; i < n; ++i) {
-      const std::string other = path_name(plans[i].path);
-      if (path.find(other) == std::string::npos) path += "|" + other;
-    }
-    rec->set_path(path);
-  }
+  const PlanSet set = plan_set(ps, n, choice, call);
+  if (rec != nullptr) record_set(ps, set, *rec);
   const FlashKernels& portable = flash_kernels(choice);
   const FlashKernels& native =
       choice.target == Target::avx512_bf16 ? native_flash_kernels() : portable;
+  const auto kernels = [&](std::size_t i) -> const FlashKernels& {
+    return set.plans[i].path.unit == FlashUnit::avx512_bf16 ? native : portable;
+  };
   c.run([&] {
     tbb::parallel_for(
-        tbb::blocked_range<std::int64_t>(0, first[n], 1),
+        tbb::blocked_range<std::int64_t>(0, set.first[n], 1),
         [&](const tbb::blocked_range<std::int64_t>& r) {
           Scratch& s = c.task_scratch.local();
           const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-            const auto i =
-                static_cast<std::size_t>(std::upper_bound(first, first + n + 1, t) - first - 1);
+            const auto i = static_cast<std::size_t>(
+                std::upper_bound(set.first, set.first + n + 1, t) - set.first - 1);
             const TaskTimer timer(rec, t);
-            const FlashKernels& k =
-                plans[i].path.unit == FlashUnit::avx512_bf16 ? native : portable;
-            k.run_task(ps[i], plans[i], t - first[i], s, timer.log());
+            kernels(i).run_task(ps[i], set.plans[i], t - set.first[i], s, timer.log());
           }
         },
         tbb::simple_partitioner());
-    for (std::size_t i = 0; i < n; ++i)
-      if (plans[i].k_splits > 1) merge_partials(ps[i], plans[i], rec);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (set.plans[i].k_splits == 1) continue;
+      const Problem& p = ps[i];
+      tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, p.B * p.H * p.Lq, 64),
+                        [&](const tbb::blocked_range<std::int64_t>& r) {
+                          Scratch& s = c.task_scratch.local();
+                          const Context::Impl::Lease lease{c, s};
+                          const TaskTimer timer(rec, r.begin() / 64, Phase::merge);
+                          kernels(i).merge_rows(p, set.plans[i], r.begin(), r.end(), s);
+                        });
+    }
   });
 }
 

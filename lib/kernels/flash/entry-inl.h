@@ -9,6 +9,7 @@
 
 #include "kernels/flash/driver-inl.h"
 #include "kernels/flash/flash.h"
+#include "kernels/flash/merge-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/targets.h"
 
@@ -19,6 +20,11 @@ void RunFlashTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t
   RunTask<Ops, CPUATTN_FLASH_NATIVE>(p, pl, t, scratch, log);
 }
 
+void MergeFlashRows(const detail::Problem& p, const detail::Plan& pl, std::int64_t row0,
+                    std::int64_t row1, detail::Scratch& scratch) {
+  MergeRows<Ops>(p, pl, row0, row1, scratch.get(static_cast<std::size_t>(p.Dv + Ops::kLanes)));
+}
+
 const detail::FlashKernels* GetFlashKernels() {
   static const detail::FlashKernels table{
       .target = CPUATTN_FLASH_NATIVE ? Target::avx512_bf16 : simd::TargetOfBits(CPUATTN_SIMD_BITS),
@@ -26,7 +32,8 @@ const detail::FlashKernels* GetFlashKernels() {
       .lanes = Ops::kLanes,
       .block_rows = Ops::kBlockRows,
       .block_keys = Ops::kBlockKeys,
-      .run_task = &RunFlashTask};
+      .run_task = &RunFlashTask,
+      .merge_rows = &MergeFlashRows};
   return &table;
 }
 

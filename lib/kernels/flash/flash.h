@@ -5,7 +5,8 @@
 // Files of this op (docs/architecture.md walks through them):
 //   config.h/.cpp   plan_flash(): tasks, units per kind of query block, epilogue (the one choice)
 //   driver-inl.h    RunTask: one task of the plan, calling the units below
-//   q_pack, kv_pack, score_tile, stream_dot, stream_runs, softmax, pv, pv_skip_zero, epilogue
+//   q_pack, kv_pack, score_tile, stream_dot, stream_runs, softmax, pv, pv_skip_zero, epilogue,
+//   merge
 //                   -inl.h: the portable units, written against the vector contract
 //   x86/            the native units of the avx512_bf16 unit (bf16 tiles and streams, int8 VNNI)
 //   entry-inl.h     the per-target table (FlashKernels) of one provider
@@ -32,16 +33,15 @@ struct FlashKernels {
   // Runs task `t` of `plan`: writes out/lse directly, or partials when plan.k_splits > 1. With a
   // log (profiling), charges its time to phases there.
   void (*run_task)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
+  // The split-key merge of rows [row0, row1) (row = (b * H + h) * Lq + i) of a plan with
+  // k_splits > 1 into out and lse (merge-inl.h).
+  void (*merge_rows)(const Problem&, const Plan&, std::int64_t row0, std::int64_t row1, Scratch&);
 };
 
 // The portable unit's table for a choice.
 const FlashKernels& flash_kernels(const Choice& choice);
 // The avx512_bf16 unit's table (flash_bf16.cc), for plans that chose FlashUnit::avx512_bf16.
 const FlashKernels& native_flash_kernels();
-
-// Combines the k_splits partial results of each row in a fixed order (split 0, 1, ...) into out
-// and lse. Runs on the caller's task arena; with a recorder, its tasks are timed as the merge.
-void merge_partials(const Problem& p, const Plan& pl, Recorder* rec = nullptr);
 
 }  // namespace cpuattn::detail
 
