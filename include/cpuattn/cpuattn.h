@@ -49,31 +49,68 @@ class CPUATTN_API Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Element types. Q, K, V and out may be f32, bf16 or f16 (K and V also i8, with scales); see
-// attention() for the combinations. boolean is one byte per element (0 = false, anything else =
-// true); i32/i64 are for lengths. bf16 and f16 are stored as their 16-bit patterns.
-enum class DType : std::uint8_t { f32, f64, bf16, f16, boolean, i32, i64, i8 };
+// Element types, one line each: enumerator, bytes, name (as NumPy and PyTorch spell it), short
+// name (the CLI's and Python's dtype strings) and role:
+//   tensor   Q, K, V, out and KV caches (the reference also takes f64 Q, K, V, out)
+//   scaled   K, V and KV caches only, with scales: the value is float(element) * scale
+//            (AttentionOptions::k_scales / v_scales)
+//   other    masks (boolean), lengths and offsets (i32, i64), the reference's f64
+// Validation, the kernels' dispatch (lib/kv/), the C API, Python and the tests all read this
+// list: a new K/V element type is one line here and one file in lib/kv/ (docs/architecture.md).
+// bf16 and f16 are stored as their 16-bit patterns, boolean as one byte (0 = false).
+#define CPUATTN_DTYPES(X)                \
+  X(f32, 4, "float32", "f32", tensor)    \
+  X(f64, 8, "float64", "f64", other)     \
+  X(bf16, 2, "bfloat16", "bf16", tensor) \
+  X(f16, 2, "float16", "f16", tensor)    \
+  X(boolean, 1, "bool", "bool", other)   \
+  X(i32, 4, "int32", "i32", other)       \
+  X(i64, 8, "int64", "i64", other)       \
+  X(i8, 1, "int8", "int8", scaled)
+
+enum class DType : std::uint8_t {
+#define CPUATTN_DTYPE_ENUMERATOR(name, bytes, long_name, short_name, role) name,
+  CPUATTN_DTYPES(CPUATTN_DTYPE_ENUMERATOR)
+#undef CPUATTN_DTYPE_ENUMERATOR
+};
+
+enum class DTypeRole : std::uint8_t { tensor, scaled, other };
+
+inline constexpr int kNumDTypes = 0
+#define CPUATTN_DTYPE_COUNT(name, bytes, long_name, short_name, role) +1
+    CPUATTN_DTYPES(CPUATTN_DTYPE_COUNT)
+#undef CPUATTN_DTYPE_COUNT
+    ;
 
 CPUATTN_API const char* dtype_name(DType dtype);
 
-// Bytes per element.
+// Bytes per element (0 for a value outside the enum).
 constexpr std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::f64:
-    case DType::i64:
-      return 8;
-    case DType::bf16:
-    case DType::f16:
-      return 2;
-    case DType::boolean:
-    case DType::i8:
-      return 1;
+#define CPUATTN_DTYPE_SIZE(name, bytes, long_name, short_name, role) \
+  case DType::name:                                                  \
+    return bytes;
+    CPUATTN_DTYPES(CPUATTN_DTYPE_SIZE)
+#undef CPUATTN_DTYPE_SIZE
   }
   return 0;
 }
+
+constexpr DTypeRole dtype_role(DType dtype) {
+  switch (dtype) {
+#define CPUATTN_DTYPE_ROLE(name, bytes, long_name, short_name, role) \
+  case DType::name:                                                  \
+    return DTypeRole::role;
+    CPUATTN_DTYPES(CPUATTN_DTYPE_ROLE)
+#undef CPUATTN_DTYPE_ROLE
+  }
+  return DTypeRole::other;
+}
+
+// K, V and KV caches may have this dtype (the tensor and scaled roles).
+constexpr bool is_kv_dtype(DType dtype) { return dtype_role(dtype) != DTypeRole::other; }
+// K or V of this dtype need scales (AttentionOptions::k_scales / v_scales).
+constexpr bool needs_scales(DType dtype) { return dtype_role(dtype) == DTypeRole::scaled; }
 
 // Conversions as the library performs them: f32 -> bf16 and f32 -> f16 round to nearest even
 // (f16 overflows to inf; NaN stays NaN); bf16/f16 -> f32 are exact.

@@ -61,7 +61,12 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
   AttentionOptions o = opts;
   for (const auto& [name, sc, dst] : {std::tuple{"k_scales", &kv.k_scales, &o.k_scales},
                                       std::tuple{"v_scales", &kv.v_scales, &o.v_scales}}) {
+    // Per head ([Hkv]) or tensor ([1]) as they are; per token the pools' [num_pages, Hkv, P].
     if (!*sc) continue;
+    if ((*sc)->rank == 1) {
+      *dst = **sc;
+      continue;
+    }
     check_view(name, **sc, 3, 3);
     if ((*sc)->shape[0] != num_pages)
       fail(std::string(name) + " " + shape_str(**sc) +
@@ -138,8 +143,10 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
     // every dimension of size 1).
     p.k.s[0] = num_pages > 1 ? kv.k_pages.strides[0] : 0;
     p.v.s[0] = num_pages > 1 ? kv.v_pages.strides[0] : 0;
-    if (kv.k_scales) p.k_scale_s[0] = num_pages > 1 ? kv.k_scales->strides[0] : 0;
-    if (kv.v_scales) p.v_scale_s[0] = num_pages > 1 ? kv.v_scales->strides[0] : 0;
+    if (kv.k_scales && kv.k_scales->rank == 3)
+      p.k_scale_s[0] = num_pages > 1 ? kv.k_scales->strides[0] : 0;
+    if (kv.v_scales && kv.v_scales->rank == 3)
+      p.v_scale_s[0] = num_pages > 1 ? kv.v_scales->strides[0] : 0;
     // The table row is contiguous (check_view); a pool of one-token pages has s[2] = 0, unused.
     p.pages = row;
     p.pages_s = 0;

@@ -19,6 +19,7 @@
 #include "api/call_scope.h"
 #include "api/context_impl.h"
 #include "dispatch/dispatch.h"
+#include "kv/elem.h"
 
 namespace cpuattn {
 
@@ -147,20 +148,7 @@ CallScope::CallScope(const char* op) {
 void CallScope::set_dtypes(DType q, DType kv, DType out) {
   if (!profile_) return;
   // The names the CLI's --dtype and --kv-dtype take.
-  const auto name = [](DType t) {
-    switch (t) {
-      case DType::bf16:
-        return "bf16";
-      case DType::f16:
-        return "f16";
-      case DType::i8:
-        return "int8";
-      case DType::f64:
-        return "f64";
-      default:
-        return "f32";
-    }
-  };
+  const auto name = [](DType t) { return detail::dtype_short_name(t); };
   profile_->dtype = name(q);
   profile_->kv = name(kv);
   profile_->out = name(out);

@@ -18,28 +18,6 @@
 
 namespace cpuattn {
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    case DType::boolean:
-      return "bool";
-    case DType::i32:
-      return "int32";
-    case DType::i64:
-      return "int64";
-    case DType::i8:
-      return "int8";
-  }
-  return "unknown";
-}
-
 namespace detail {
 
 std::string shape_str(const TensorView& t) {
@@ -134,17 +112,36 @@ void check_dtype(const char* name, const TensorView& t, bool allow_f64) {
        (allow_f64 ? "; expected float32 or float64" : "; expected float32"));
 }
 
-// Q, K, V and out: f32, bf16 or f16 (K and V also int8; the reference also f64), with the data
-// pointer aligned to the element size (a float at an odd address is undefined behaviour).
-void check_float_dtype(const char* name, const TensorView& t, bool allow_f64, bool allow_i8) {
-  const DType d = t.dtype;
-  const bool ok = d == DType::f32 || d == DType::bf16 || d == DType::f16 ||
-                  (allow_i8 && d == DType::i8) || (allow_f64 && d == DType::f64);
-  if (!ok) {
-    fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(d) +
-         "; expected float32, bfloat16" + (allow_i8 ? ", float16 or int8" : " or float16") +
-         (allow_f64 ? " (or float64 for the reference)" : ""));
+// The dtypes a tensor of this kind may have, from cpuattn.h's list: Q and out the `tensor` role,
+// K and V also the `scaled` one, the reference also f64.
+bool allowed_dtype(DType d, bool kv, bool allow_f64) {
+  const DTypeRole role = dtype_role(d);
+  return role == DTypeRole::tensor || (kv && role == DTypeRole::scaled) ||
+         (allow_f64 && d == DType::f64);
+}
+
+// "float32, bfloat16, float16 or int8": the names allowed_dtype() admits.
+std::string allowed_names(bool kv, bool allow_f64) {
+  std::string names;
+  int n = 0;
+  for (int i = 0; i < kNumDTypes; ++i) n += allowed_dtype(static_cast<DType>(i), kv, false);
+  for (int i = 0, k = 0; i < kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    if (!allowed_dtype(d, kv, false)) continue;
+    names += k == 0 ? "" : k + 1 == n ? " or " : ", ";
+    names += dtype_name(d);
+    ++k;
   }
+  return names + (allow_f64 ? " (or float64 for the reference)" : "");
+}
+
+// Q, K, V and out: a dtype of their kind, the data pointer aligned to the element size (a float
+// at an odd address is undefined behaviour).
+void check_float_dtype(const char* name, const TensorView& t, bool allow_f64, bool kv) {
+  const DType d = t.dtype;
+  if (!allowed_dtype(d, kv, allow_f64))
+    fail(std::string(name) + " " + shape_str(t) + " has dtype " + dtype_name(d) + "; expected " +
+         allowed_names(kv, allow_f64));
   if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(d) != 0) {
     fail(std::string(name) + " " + shape_str(t) + ": data is not aligned to its " +
          std::to_string(dtype_size(d)) + "-byte " + dtype_name(d) + " elements");
@@ -236,36 +233,47 @@ void check_variants(const AttentionOptions& opts, Problem& p) {
   if (opts.sinks) p.sinks = check_per_head("sinks", *opts.sinks, p, true, p.sinks_s);
 }
 
-// The per-token scales of an int8 K or V: f32 [B, Hkv, Lk], required exactly when the tensor is
-// int8.
+// The scales of a scaled K or V (cpuattn.h's list: int8, fp8), required exactly for those:
+// f32 [B, Hkv, Lk] (one per token of each K/V head), [Hkv] (one per head) or [1] (one for the
+// tensor). Sets the problem's pointer and (b, h, j) strides, 0 where the scale is shared.
 void check_scales(const char* name, const char* tensor, const TensorView& t,
                   const std::optional<TensorView>& scales, const Problem& p, const float*& data,
                   std::int64_t (&strides)[3]) {
-  if (t.dtype != DType::i8) {
-    if (scales) {
+  // Built only when a message needs it: a valid call must not allocate.
+  const auto token_shape = [&] {
+    return "[B,Hkv,Lk] = [" + std::to_string(p.B) + "," + std::to_string(p.Hkv) + "," +
+           std::to_string(p.Lk) + "]";
+  };
+  if (!needs_scales(t.dtype)) {
+    if (scales)
       fail(std::string(name) + " is given but " + tensor + " has dtype " + dtype_name(t.dtype) +
-           " (scales are for int8 only)");
-    }
+           " (scales are for scaled dtypes: int8 and the like)");
     return;
   }
-  if (!scales) {
-    fail(std::string(tensor) + " " + shape_str(t) + " is int8 but " + name +
-         " is missing (f32 [B,Hkv,Lk] = [" + std::to_string(p.B) + "," + std::to_string(p.Hkv) +
-         "," + std::to_string(p.Lk) + "])");
-  }
-  check_view(name, *scales, 3, 3);
-  if (scales->dtype != DType::f32)
-    fail(std::string(name) + " " + shape_str(*scales) + " has dtype " + dtype_name(scales->dtype) +
+  if (!scales)
+    fail(std::string(tensor) + " " + shape_str(t) + " is " + dtype_name(t.dtype) + " but " + name +
+         " is missing (f32 " + token_shape() + ", [Hkv] or [1])");
+  const TensorView& s = *scales;
+  check_view(name, s, 1, 3);
+  if (s.dtype != DType::f32)
+    fail(std::string(name) + " " + shape_str(s) + " has dtype " + dtype_name(s.dtype) +
          "; expected float32");
-  if (reinterpret_cast<std::uintptr_t>(scales->data) % 4 != 0)
+  if (reinterpret_cast<std::uintptr_t>(s.data) % 4 != 0)
     fail(std::string(name) + ": data is not aligned to its 4-byte float32 elements");
-  if (scales->shape[0] != p.B || scales->shape[1] != p.Hkv || scales->shape[2] != p.Lk) {
-    fail(std::string(name) + " has shape " + shape_str(*scales) + "; expected [B,Hkv,Lk] = [" +
-         std::to_string(p.B) + "," + std::to_string(p.Hkv) + "," + std::to_string(p.Lk) + "]");
+  const bool per_token =
+      s.rank == 3 && s.shape[0] == p.B && s.shape[1] == p.Hkv && s.shape[2] == p.Lk;
+  const bool shared = s.rank == 1 && (s.shape[0] == p.Hkv || s.shape[0] == 1);
+  if (!per_token && !shared)
+    fail(std::string(name) + " has shape " + shape_str(s) + "; expected " + token_shape() +
+         " (per token), [" + std::to_string(p.Hkv) + "] (per K/V head) or [1] (per tensor)");
+  extent_of(name, s);
+  data = static_cast<const float*>(s.data);
+  if (per_token) {
+    for (int d = 0; d < 3; ++d) strides[d] = s.shape[d] == 1 ? 0 : s.strides[d];
+  } else {
+    strides[0] = strides[2] = 0;
+    strides[1] = s.shape[0] == 1 ? 0 : s.strides[0];
   }
-  extent_of(name, *scales);
-  data = static_cast<const float*>(scales->data);
-  for (int d = 0; d < 3; ++d) strides[d] = scales->strides[d];
 }
 
 // Outputs must not write one element twice: with the dimensions of size > 1 sorted by stride,
@@ -396,207 +404,214 @@ Strided4 strided(const TensorView& t) {
 
 }  // namespace
 
-Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
-                 const OutputView& out_view, const AttentionOptions& opts, bool allow_f64) {
-  const TensorView out = out_view;
-  check_view("Q", q, 4, 4);
-  check_view("K", k, 4, 4);
-  check_view("V", v, 4, 4);
-  check_view("out", out, 4, 4);
-  check_float_dtype("Q", q, allow_f64, false);
-  check_float_dtype("K", k, allow_f64, true);
-  check_float_dtype("V", v, allow_f64, true);
-  check_float_dtype("out", out, allow_f64, false);
-  // The fast path packs K and V with one element type; the reference reads each as it is.
-  if (!allow_f64 && k.dtype != v.dtype) {
-    fail("K has dtype " + std::string(dtype_name(k.dtype)) + " but V has dtype " +
-         dtype_name(v.dtype) + " (K and V must share a dtype: K " + shape_str(k) + ", V " +
-         shape_str(v) + ")");
-  }
+// The four tensors of a call, with the rule each follows (rank 4, a dtype of its kind).
+struct CallTensors {
+  const TensorView &q, &k, &v, &out;
+  // "Q [..], K [..], V [..], out [..]", built only when a message needs it: a valid call must
+  // not allocate.
+  std::string shapes() const { return shapes_of({{"Q", &q}, {"K", &k}, {"V", &v}, {"out", &out}}); }
+};
 
-  // Built only when a message needs it: a valid call must not allocate.
-  struct AllShapes {
-    const TensorView &q, &k, &v, &out;
-    operator std::string() const {
-      return shapes_of({{"Q", &q}, {"K", &k}, {"V", &v}, {"out", &out}});
-    }
-  } all_shapes{q, k, v, out};
+void check_tensors(const CallTensors& t, bool allow_f64) {
+  struct Rule {
+    const char* name;
+    const TensorView& view;
+    bool kv;  // K or V: the scaled dtypes too
+  };
+  for (const Rule& r : {Rule{"Q", t.q, false}, Rule{"K", t.k, true}, Rule{"V", t.v, true},
+                        Rule{"out", t.out, false}}) {
+    check_view(r.name, r.view, 4, 4);
+    check_float_dtype(r.name, r.view, allow_f64, r.kv);
+  }
+  // The fast path reads K and V with one element type; the reference reads each as it is.
+  if (!allow_f64 && t.k.dtype != t.v.dtype) {
+    fail("K has dtype " + std::string(dtype_name(t.k.dtype)) + " but V has dtype " +
+         dtype_name(t.v.dtype) + " (K and V must share a dtype: K " + shape_str(t.k) + ", V " +
+         shape_str(t.v) + ")");
+  }
+}
+
+// B, H, Hkv, Lq, Lk, D and Dv, every one the same wherever it appears.
+Problem problem_shape(const CallTensors& t) {
   Problem p;
-  p.B = q.shape[0];
-  p.H = q.shape[1];
-  p.Lq = q.shape[2];
-  p.D = q.shape[3];
-  p.Hkv = k.shape[1];
-  p.Lk = k.shape[2];
-  p.Dv = v.shape[3];
-  if (k.shape[0] != p.B)
-    fail("K has B=" + std::to_string(k.shape[0]) + " but Q has B=" + std::to_string(p.B) + " (" +
-         std::string(all_shapes) + ")");
-  if (v.shape[0] != p.B)
-    fail("V has B=" + std::to_string(v.shape[0]) + " but Q has B=" + std::to_string(p.B) + " (" +
-         std::string(all_shapes) + ")");
-  if (k.shape[3] != p.D)
-    fail("K has D=" + std::to_string(k.shape[3]) + " but Q has D=" + std::to_string(p.D) + " (" +
-         std::string(all_shapes) + ")");
-  if (v.shape[1] != p.Hkv)
-    fail("V has " + std::to_string(v.shape[1]) + " heads but K has " + std::to_string(p.Hkv) +
-         " (" + std::string(all_shapes) + ")");
-  if (v.shape[2] != p.Lk)
-    fail("V has Lk=" + std::to_string(v.shape[2]) + " but K has Lk=" + std::to_string(p.Lk) + " (" +
-         std::string(all_shapes) + ")");
+  p.B = t.q.shape[0];
+  p.H = t.q.shape[1];
+  p.Lq = t.q.shape[2];
+  p.D = t.q.shape[3];
+  p.Hkv = t.k.shape[1];
+  p.Lk = t.k.shape[2];
+  p.Dv = t.v.shape[3];
+  const auto mismatch = [&](const std::string& what) { fail(what + " (" + t.shapes() + ")"); };
+  const auto n = [](std::int64_t x) { return std::to_string(x); };
+  if (t.k.shape[0] != p.B) mismatch("K has B=" + n(t.k.shape[0]) + " but Q has B=" + n(p.B));
+  if (t.v.shape[0] != p.B) mismatch("V has B=" + n(t.v.shape[0]) + " but Q has B=" + n(p.B));
+  if (t.k.shape[3] != p.D) mismatch("K has D=" + n(t.k.shape[3]) + " but Q has D=" + n(p.D));
+  if (t.v.shape[1] != p.Hkv) mismatch("V has " + n(t.v.shape[1]) + " heads but K has " + n(p.Hkv));
+  if (t.v.shape[2] != p.Lk) mismatch("V has Lk=" + n(t.v.shape[2]) + " but K has Lk=" + n(p.Lk));
   if (p.H % p.Hkv != 0)
-    fail("Q has H=" + std::to_string(p.H) + " heads, not a multiple of the " +
-         std::to_string(p.Hkv) + " K/V heads (" + std::string(all_shapes) + ")");
-  if (out.shape[0] != p.B || out.shape[1] != p.H || out.shape[2] != p.Lq || out.shape[3] != p.Dv) {
-    fail("out must have shape [B,H,Lq,Dv] = [" + std::to_string(p.B) + "," + std::to_string(p.H) +
-         "," + std::to_string(p.Lq) + "," + std::to_string(p.Dv) + "] (" + std::string(all_shapes) +
-         ")");
-  }
+    mismatch("Q has H=" + n(p.H) + " heads, not a multiple of the " + n(p.Hkv) + " K/V heads");
+  if (t.out.shape[0] != p.B || t.out.shape[1] != p.H || t.out.shape[2] != p.Lq ||
+      t.out.shape[3] != p.Dv)
+    mismatch("out must have shape [B,H,Lq,Dv] = [" + n(p.B) + "," + n(p.H) + "," + n(p.Lq) + "," +
+             n(p.Dv) + "]");
   p.group = p.H / p.Hkv;
+  return p;
+}
 
-  const Extent eq = extent_of("Q", q), ek = extent_of("K", k), ev = extent_of("V", v);
-  const Extent eo = extent_of("out", out);
-  check_no_self_overlap("out", out);
-  check_disjoint("out", eo, {{"Q", eq}, {"K", ek}, {"V", ev}});
-  // Outputs written so far, for the aliasing checks of the next ones (fixed size: no allocation).
-  std::array<std::pair<const char*, Extent>, 3> written{{{"out", eo}, {"out", eo}, {"out", eo}}};
-
-  if (opts.scale) {
-    const double s = *opts.scale;
-    // The reference computes in double, the fast path folds scale * log2(e) into one float: a
-    // scale outside float's normal range would be 0 or inf there (1e39 gave an all-NaN output
-    // while the reference gave finite numbers), so both reject it.
-    if (!(s >= kMinScale && s <= kMaxScale)) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf,
-                    "scale must be in [%.9g, %.9g] (finite, > 0, and scale * log2(e) a normal "
-                    "float32), got %.10g",
-                    kMinScale, kMaxScale, s);
-      fail(buf);
-    }
-    p.scale = s;
-  } else {
-    p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));
+// opts.scale: the reference computes in double, the fast path folds scale * log2(e) into one
+// float: a scale outside float's normal range would be 0 or inf there (1e39 gave an all-NaN
+// output while the reference gave finite numbers), so both reject it.
+double check_scale(const std::optional<double>& scale, std::int64_t D) {
+  if (!scale) return 1.0 / std::sqrt(static_cast<double>(D));
+  const double s = *scale;
+  if (!(s >= kMinScale && s <= kMaxScale)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "scale must be in [%.9g, %.9g] (finite, > 0, and scale * log2(e) a normal "
+                  "float32), got %.10g",
+                  kMinScale, kMaxScale, s);
+    fail(buf);
   }
-  if (opts.causal != Causal::none && opts.causal != Causal::top_left &&
-      opts.causal != Causal::bottom_right) {
-    // Found by fuzz_validate: a value outside the enum was taken as `none`.
+  return s;
+}
+
+Causal check_causal(Causal c) {
+  // Found by fuzz_validate: a value outside the enum was taken as `none`.
+  if (c != Causal::none && c != Causal::top_left && c != Causal::bottom_right)
     fail("causal must be Causal::none, top_left or bottom_right, got the value " +
-         std::to_string(static_cast<int>(opts.causal)));
+         std::to_string(static_cast<int>(c)));
+  return c;
+}
+
+// opts.mask: bool or additive (f32, the reference also f64), broadcastable to [B, H, Lq, Lk].
+void check_mask(const TensorView& m, bool allow_f64, Problem& p) {
+  check_view("mask", m, 1, 4);
+  if (m.dtype == DType::boolean) {
+    p.mask_kind = MaskKind::boolean;
+  } else if (m.dtype == DType::f32 || (allow_f64 && m.dtype == DType::f64)) {
+    p.mask_kind = MaskKind::additive;
+  } else {
+    fail("mask " + shape_str(m) + " has dtype " + dtype_name(m.dtype) +
+         "; expected bool or float32");
   }
-  p.causal = opts.causal;
-
-  Extent mask_extent;
-  if (opts.mask) {
-    const TensorView& m = *opts.mask;
-    if (m.rank < 1 || m.rank > 4)
-      fail("mask must have rank 1..4, got rank " + std::to_string(m.rank));
-    check_view("mask", m, 1, 4);
-    if (m.dtype == DType::boolean) {
-      p.mask_kind = MaskKind::boolean;
-    } else if (m.dtype == DType::f32 || (allow_f64 && m.dtype == DType::f64)) {
-      p.mask_kind = MaskKind::additive;
-    } else {
-      fail("mask " + shape_str(m) + " has dtype " + dtype_name(m.dtype) +
-           "; expected bool or float32");
-    }
-    mask_extent = extent_of("mask", m);
-    const std::int64_t target[4] = {p.B, p.H, p.Lq, p.Lk};
-    p.mask.data = m.data;
-    p.mask.dtype = m.dtype;
-    const int off = 4 - m.rank;  // numpy broadcasting aligns trailing dimensions
-    for (int d = 0; d < 4; ++d) {
-      if (d < off) {
-        p.mask.s[d] = 0;
-        continue;
-      }
-      const std::int64_t n = m.shape[d - off];
-      if (n != 1 && n != target[d]) {
-        fail("mask " + shape_str(m) + " does not broadcast to the scores [B,H,Lq,Lk] = [" +
-             std::to_string(p.B) + "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "," +
-             std::to_string(p.Lk) + "]");
-      }
-      p.mask.s[d] = n == 1 ? 0 : m.strides[d - off];
-    }
-  }
-
-  if (opts.key_lengths) {
-    const TensorView& kl = *opts.key_lengths;
-    check_view("key_lengths", kl, 1, 1);
-    if (kl.dtype != DType::i32 && kl.dtype != DType::i64) {
-      fail("key_lengths " + shape_str(kl) + " has dtype " + dtype_name(kl.dtype) +
-           "; expected int32 or int64");
-    }
-    if (kl.shape[0] != p.B)
-      fail("key_lengths has shape " + shape_str(kl) + " but Q has B=" + std::to_string(p.B) +
-           "; expected [" + std::to_string(p.B) + "]");
-    extent_of("key_lengths", kl);
-    p.key_lengths = kl.data;
-    p.key_lengths_dtype = kl.dtype;
-    for (std::int64_t b = 0; b < p.B; ++b) {
-      const std::int64_t n = p.key_length(b);
-      if (n < 0 || n > p.Lk)
-        fail("key_lengths[" + std::to_string(b) + "] = " + std::to_string(n) +
-             " is outside [0, Lk=" + std::to_string(p.Lk) + "]");
-    }
-  }
-
-  check_variants(opts, p);
-
-  check_scales("k_scales", "K", k, opts.k_scales, p, p.k_scale, p.k_scale_s);
-  check_scales("v_scales", "V", v, opts.v_scales, p, p.v_scale, p.v_scale_s);
-
-  if (opts.lse) {
-    const TensorView lse = *opts.lse;
-    check_view("lse", lse, 3, 3);
-    check_dtype("lse", lse, allow_f64);
-    if (lse.shape[0] != p.B || lse.shape[1] != p.H || lse.shape[2] != p.Lq) {
-      fail("lse has shape " + shape_str(lse) + "; expected [B,H,Lq] = [" + std::to_string(p.B) +
-           "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "]");
-    }
-    const Extent e = extent_of("lse", lse);
-    check_no_self_overlap("lse", lse);
-    check_disjoint("lse", e, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
-    written[1] = {"lse", e};
-    p.lse = opts.lse->data;
-    p.lse_dtype = lse.dtype;
-    for (int d = 0; d < 3; ++d) p.lse_s[d] = lse.strides[d];
-  }
-
-  if (opts.weights) {
-    const TensorView w = *opts.weights;
-    check_view("weights", w, 4, 4);
-    check_dtype("weights", w, allow_f64);
-    if (w.shape[0] != p.B || w.shape[1] != p.H || w.shape[2] != p.Lq || w.shape[3] != p.Lk) {
-      fail("weights has shape " + shape_str(w) + "; expected [B,H,Lq,Lk] = [" +
+  extent_of("mask", m);
+  const std::int64_t target[4] = {p.B, p.H, p.Lq, p.Lk};
+  p.mask.data = m.data;
+  p.mask.dtype = m.dtype;
+  const int off = 4 - m.rank;  // numpy broadcasting aligns trailing dimensions
+  for (int d = 0; d < 4; ++d) {
+    const std::int64_t n = d < off ? 1 : m.shape[d - off];
+    if (n != 1 && n != target[d])
+      fail("mask " + shape_str(m) + " does not broadcast to the scores [B,H,Lq,Lk] = [" +
            std::to_string(p.B) + "," + std::to_string(p.H) + "," + std::to_string(p.Lq) + "," +
            std::to_string(p.Lk) + "]");
-    }
-    const Extent e = extent_of("weights", w);
-    check_no_self_overlap("weights", w);
-    check_disjoint("weights", e, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
+    p.mask.s[d] = n == 1 ? 0 : m.strides[d - off];
+  }
+}
+
+// opts.key_lengths: int32 or int64 [B], each in [0, Lk].
+void check_key_lengths(const TensorView& kl, Problem& p) {
+  check_view("key_lengths", kl, 1, 1);
+  if (kl.dtype != DType::i32 && kl.dtype != DType::i64)
+    fail("key_lengths " + shape_str(kl) + " has dtype " + dtype_name(kl.dtype) +
+         "; expected int32 or int64");
+  if (kl.shape[0] != p.B)
+    fail("key_lengths has shape " + shape_str(kl) + " but Q has B=" + std::to_string(p.B) +
+         "; expected [" + std::to_string(p.B) + "]");
+  extent_of("key_lengths", kl);
+  p.key_lengths = kl.data;
+  p.key_lengths_dtype = kl.dtype;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    const std::int64_t n = p.key_length(b);
+    if (n < 0 || n > p.Lk)
+      fail("key_lengths[" + std::to_string(b) + "] = " + std::to_string(n) +
+           " is outside [0, Lk=" + std::to_string(p.Lk) + "]");
+  }
+}
+
+// An optional output of the call (lse [B, H, Lq], weights [B, H, Lq, Lk]): f32 (or f64), its
+// shape, and no byte shared with Q, K, V, out or the outputs before it.
+struct OutputRule {
+  const char* name;
+  int rank;
+  std::int64_t shape[4];
+  const char* shape_name;  // "[B,H,Lq]"
+};
+
+Extent check_output(const OutputRule& r, const TensorView& t, bool allow_f64,
+                    std::initializer_list<std::pair<const char*, Extent>> earlier) {
+  check_view(r.name, t, r.rank, r.rank);
+  check_dtype(r.name, t, allow_f64);
+  bool same = true;
+  std::string want;
+  for (int d = 0; d < r.rank; ++d) {
+    same = same && t.shape[d] == r.shape[d];
+    if (d > 0) want += ",";
+    want += std::to_string(r.shape[d]);
+  }
+  if (!same)
+    fail(std::string(r.name) + " has shape " + shape_str(t) + "; expected " + r.shape_name +
+         " = [" + want + "]");
+  const Extent e = extent_of(r.name, t);
+  check_no_self_overlap(r.name, t);
+  check_disjoint(r.name, e, earlier);
+  return e;
+}
+
+// lse and weights, then every input that is read while the outputs are written (mask, key
+// lengths, scales, slopes, sinks) against every output.
+void check_outputs(const CallTensors& t, const AttentionOptions& opts, bool allow_f64, Problem& p) {
+  const Extent eq = extent_of("Q", t.q), ek = extent_of("K", t.k), ev = extent_of("V", t.v);
+  const Extent eo = extent_of("out", t.out);
+  check_no_self_overlap("out", t.out);
+  check_disjoint("out", eo, {{"Q", eq}, {"K", ek}, {"V", ev}});
+  // Outputs written so far (fixed size: no allocation).
+  std::array<std::pair<const char*, Extent>, 3> written{{{"out", eo}, {"out", eo}, {"out", eo}}};
+  if (opts.lse) {
+    const OutputRule r{"lse", 3, {p.B, p.H, p.Lq, 0}, "[B,H,Lq]"};
+    written[1] = {"lse", check_output(r, *opts.lse, allow_f64,
+                                      {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}})};
+    p.lse = opts.lse->data;
+    p.lse_dtype = opts.lse->dtype;
+    for (int d = 0; d < 3; ++d) p.lse_s[d] = opts.lse->strides[d];
+  }
+  if (opts.weights) {
+    const OutputRule r{"weights", 4, {p.B, p.H, p.Lq, p.Lk}, "[B,H,Lq,Lk]"};
+    const Extent e =
+        check_output(r, *opts.weights, allow_f64, {{"Q", eq}, {"K", ek}, {"V", ev}, {"out", eo}});
     for (const auto& [name, other] : written) check_disjoint("weights", e, {{name, other}});
     written[2] = {"weights", e};
     p.weights = opts.weights->data;
-    p.weights_dtype = w.dtype;
-    for (int d = 0; d < 4; ++d) p.weights_s[d] = w.strides[d];
+    p.weights_dtype = opts.weights->dtype;
+    for (int d = 0; d < 4; ++d) p.weights_s[d] = opts.weights->strides[d];
   }
-  if (opts.mask) {
-    for (const auto& [name, e] : written) check_disjoint(name, e, {{"mask", mask_extent}});
+  for (const auto& [name, in] : {std::pair{"mask", &opts.mask},
+                                 {"key_lengths", &opts.key_lengths},
+                                 {"k_scales", &opts.k_scales},
+                                 {"v_scales", &opts.v_scales},
+                                 {"alibi_slopes", &opts.alibi_slopes},
+                                 {"sinks", &opts.sinks}}) {
+    if (!*in) continue;
+    const Extent e = extent_of(name, **in);
+    for (const auto& [out_name, out] : written) check_disjoint(out_name, out, {{name, e}});
   }
-  if (opts.key_lengths) {
-    const Extent el = extent_of("key_lengths", *opts.key_lengths);
-    for (const auto& [name, e] : written) check_disjoint(name, e, {{"key_lengths", el}});
-  }
-  for (const auto& [sname, sc] : {std::pair{"k_scales", &opts.k_scales},
-                                  {"v_scales", &opts.v_scales},
-                                  {"alibi_slopes", &opts.alibi_slopes},
-                                  {"sinks", &opts.sinks}}) {
-    if (!*sc) continue;
-    const Extent es = extent_of(sname, **sc);
-    for (const auto& [name, e] : written) check_disjoint(name, e, {{sname, es}});
-  }
+}
 
+Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const OutputView& out_view, const AttentionOptions& opts, bool allow_f64) {
+  const TensorView out = out_view;
+  const CallTensors t{q, k, v, out};
+  check_tensors(t, allow_f64);
+  Problem p = problem_shape(t);
+  // Every argument in turn; each check names its argument and its shape on failure.
+  p.scale = check_scale(opts.scale, p.D);
+  p.causal = check_causal(opts.causal);
+  if (opts.mask) check_mask(*opts.mask, allow_f64, p);
+  if (opts.key_lengths) check_key_lengths(*opts.key_lengths, p);
+  check_variants(opts, p);
+  check_scales("k_scales", "K", k, opts.k_scales, p, p.k_scale, p.k_scale_s);
+  check_scales("v_scales", "V", v, opts.v_scales, p, p.v_scale, p.v_scale_s);
+  check_outputs(t, opts, allow_f64, p);
   p.q = strided(q);
   p.k = strided(k);
   p.v = strided(v);

@@ -106,8 +106,8 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
   if (opts.weights) fail("weights is not supported with cu_seqlens (packed batches)");
   // The packed shapes against each other first, so that a mismatch is reported in the caller's
   // [total, heads, d] terms, not in those of the [1, heads, total, d] views validate() reads.
-  const std::string shapes = " (q " + shape_str(q) + ", k " + shape_str(k) + ", v " +
-                             shape_str(v) + ", out " + shape_str(out) + ")";
+  const std::string shapes = " (q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
+                             ", out " + shape_str(out) + ")";
   for (const auto& [name, t] : {std::pair{"Q", &q}, {"K", &k}, {"V", &v}})
     if (t->rank != 3)
       fail(std::string(name) + " has rank " + std::to_string(t->rank) + " " + shape_str(*t) +
@@ -127,8 +127,9 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
   // Slopes per sequence ([B, H]) are checked against the number of sequences, not Q's B = 1.
   if (opts.alibi_slopes && opts.alibi_slopes->rank == 2) o.alibi_slopes.reset();
   if (opts.lse) o.lse = as_bhl(*opts.lse, "lse");
-  if (opts.k_scales) o.k_scales = as_bhl(*opts.k_scales, "k_scales");
-  if (opts.v_scales) o.v_scales = as_bhl(*opts.v_scales, "v_scales");
+  // Scales per token are [Hkv, total_k]; per head ([Hkv]) or tensor ([1]) as they are.
+  if (opts.k_scales && opts.k_scales->rank != 1) o.k_scales = as_bhl(*opts.k_scales, "k_scales");
+  if (opts.v_scales && opts.v_scales->rank != 1) o.v_scales = as_bhl(*opts.v_scales, "v_scales");
   Problem whole = validate(as_bhld(q, "Q"), as_bhld(k, "K"), as_bhld(v, "V"), as_bhld(out, "out"),
                            o, allow_f64);
   const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q", whole.Lq, "total_q");

@@ -17,11 +17,11 @@ namespace cpuattn {
 namespace detail {
 namespace {
 
-// bf16, f16 and int8 values are exact in double; an int8 element is float(q) * scale rounded to
-// f32, the value the fast path computes with (core/dtypes.h).
+// Every K/V element type's values are exact in double; a scaled type's element is
+// float(x) * scale rounded to f32, the value the fast path computes with (kv/elem.h).
 double load(const void* base, DType dtype, std::int64_t offset, float scale = 1.0f) {
   if (dtype == DType::f64) return static_cast<const double*>(base)[offset];
-  if (dtype == DType::i8) return dequantize(static_cast<const std::int8_t*>(base)[offset], scale);
+  if (needs_scales(dtype)) return load_as_float(base, dtype, offset) * scale;
   return load_as_float(base, dtype, offset);
 }
 

@@ -9,6 +9,7 @@
 
 #include "dispatch/dispatch.h"
 #include "kernels/flash/flash.h"
+#include "kv/elem.h"
 
 namespace cpuattn::detail {
 namespace {
@@ -82,19 +83,22 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes) {
   const bool native = unit == FlashUnit::avx512_bf16;
   if (kind == BlockKind::tiled) {
-    if (native && p.q.dtype == DType::bf16 && p.k.dtype == DType::bf16)
+    if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
+        native_dot(p.k.dtype) == NativeDot::bf16_pairs)
       return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
     return {QUnit::f32, KvUnit::packed_f32, ScoreUnit::tile_f32, PvUnit::tile_f32};
   }
   const bool few = kind == BlockKind::stream_few;
   BlockPath b;
-  b.q = native && few && p.k.dtype == DType::bf16 ? QUnit::f32_hilo : QUnit::f32;
-  b.score =
-      p.pages != nullptr || (few && p.k.dtype != DType::i8) ? ScoreUnit::dot_runs : ScoreUnit::dot;
+  b.q = native && few && native_dot(p.k.dtype) == NativeDot::bf16_pairs ? QUnit::f32_hilo
+                                                                        : QUnit::f32;
+  b.score = p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1) ? ScoreUnit::dot_runs
+                                                                     : ScoreUnit::dot;
   b.kv = p.Dv % lanes == 0 ? KvUnit::in_place : KvUnit::v_packed;
-  if (native && few && p.Dv % 32 == 0 && p.v.dtype == DType::bf16) {
+  const NativeDot v_dot = native_dot(p.v.dtype);
+  if (native && few && p.Dv % 32 == 0 && v_dot == NativeDot::bf16_pairs) {
     b.pv = PvUnit::runs_bf16;
-  } else if (native && few && p.Dv % 32 == 0 && p.v.dtype == DType::i8) {
+  } else if (native && few && p.Dv % 32 == 0 && v_dot == NativeDot::int16_pairs) {
     b.pv = PvUnit::runs_vnni;
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
@@ -128,8 +132,9 @@ FlashUnit choose_unit(Target target, DType q, DType kv, std::int64_t rows) {
   if (target != Target::avx512_bf16) return FlashUnit::portable;
   // Q, K and V bf16: the native tiles everywhere. Decoding steps of 2..kStreamRows rows per K/V
   // head over bf16 or int8 K/V (any Q): the native streamed units.
-  if (q == DType::bf16 && kv == DType::bf16) return FlashUnit::avx512_bf16;
-  if ((kv == DType::bf16 || kv == DType::i8) && rows >= 2 && rows <= kStreamRows)
+  if (native_dot(q) == NativeDot::bf16_pairs && native_dot(kv) == NativeDot::bf16_pairs)
+    return FlashUnit::avx512_bf16;
+  if (native_dot(kv) != NativeDot::none && rows >= 2 && rows <= kStreamRows)
     return FlashUnit::avx512_bf16;
   return FlashUnit::portable;
 }

@@ -43,7 +43,7 @@ CPUATTN_INLINE float KeyScale(const detail::Problem& p, const float* scale, cons
 }
 
 // Packs the V rows of keys [j0, j0 + nk) into column chunks of CW values, zero-padded, converted
-// to f32 (int8 rows times their scale).
+// to f32 (rows of a scaled type times their scale).
 template <class O, class T>
 void PackVAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
              std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT vp) {
@@ -58,7 +58,7 @@ void PackVAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
       const T* src = Vs + p.key_off(p.v.s, b, j0 + k) + c0;
       float* row = dst + k * cw;
       std::int64_t c = 0;
-      if constexpr (std::is_same_v<T, std::int8_t>) {
+      if constexpr (detail::ElemTraits<T>::kScaled) {
         const typename O::V vs = O::Set(KeyScale(p, p.v_scale, p.v_scale_s, b, hk, j0 + k));
         for (; c + N <= valid; c += N) O::Store(O::Mul(LoadWide<O>(src + c), vs), row + c);
         if (c < valid) O::Store(O::Mul(LoadWidePartial<O>(src + c, valid - c), vs), row + c);
@@ -107,7 +107,7 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
           }
           const T* src = rows[w] + d0;
           r[w] = dims == N ? LoadWide<O>(src) : LoadWidePartial<O>(src, dims);
-          if constexpr (std::is_same_v<T, std::int8_t>)
+          if constexpr (detail::ElemTraits<T>::kScaled)
             r[w] = O::Mul(r[w], O::Set(KeyScale(p, p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
         }
         O::Transpose(r);

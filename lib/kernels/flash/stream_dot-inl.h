@@ -51,8 +51,8 @@ CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std:
     for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
   }
   if constexpr (sizeof(T) == 1) {
-    // int8: the four rows are four short runs (128 bytes at D = 128), so reading them d by d
-    // still moves through memory in order, and each Q vector load serves four keys.
+    // 1-byte elements: the four rows are four short runs (128 bytes at D = 128), so reading them
+    // d by d still moves through memory in order, and each Q vector load serves four keys.
     for (std::int64_t d = 0; d < dv; d += N) {
       typename O::V kv[4];
       CPUATTN_UNROLL(4)
