@@ -39,8 +39,11 @@ struct Paged {
   std::vector<Problem> empty;  // sequences of length 0
 };
 
-Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
-                     const AttentionOptions& opts, bool allow_f64) {
+// The options a paged call takes, and the pools: [num_pages, Hkv, P, d] with the same pages, P a
+// power of two. Returns the options validate() reads: the scales as the view of the first page
+// (per token) or as they are (per head or tensor).
+AttentionOptions paged_options(const TensorView& q, const PagedKv& kv,
+                               const AttentionOptions& opts) {
   if (opts.mask) fail("mask is not supported with a paged KV cache; use causal or a window");
   if (opts.key_lengths)
     fail("key_lengths is not supported with a paged KV cache: seq_lens gives each length");
@@ -50,7 +53,6 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
   check_view("Q", q, 4, 4);
   check_view("k_pages", kv.k_pages, 4, 4);
   check_view("v_pages", kv.v_pages, 4, 4);
-  const std::int64_t B = q.shape[0];
   const std::int64_t num_pages = kv.k_pages.shape[0], P = kv.k_pages.shape[2];
   if (kv.v_pages.shape[0] != num_pages || kv.v_pages.shape[2] != P)
     fail("v_pages " + shape_str(kv.v_pages) + " must have the pages of k_pages " +
@@ -61,7 +63,6 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
   AttentionOptions o = opts;
   for (const auto& [name, sc, dst] : {std::tuple{"k_scales", &kv.k_scales, &o.k_scales},
                                       std::tuple{"v_scales", &kv.v_scales, &o.v_scales}}) {
-    // Per head ([Hkv]) or tensor ([1]) as they are; per token the pools' [num_pages, Hkv, P].
     if (!*sc) continue;
     if ((*sc)->rank == 1) {
       *dst = **sc;
@@ -72,12 +73,15 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
       fail(std::string(name) + " " + shape_str(**sc) +
            " must be [num_pages, Hkv, P] with num_pages = " + std::to_string(num_pages) +
            " (k_pages " + shape_str(kv.k_pages) + ")");
-    *dst = first_page(**sc, B);
+    *dst = first_page(**sc, q.shape[0]);
   }
-  Problem whole =
-      validate(q, first_page(kv.k_pages, B), first_page(kv.v_pages, B), out, o, allow_f64);
+  return o;
+}
 
-  // The whole pools (and the table and lengths, read while computing) must not overlap an output.
+// The block table (int32 [B, max_pages]) and the lengths (int32 or int64 [B]); neither, nor the
+// pools, may share a byte with an output.
+void check_table(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                 const AttentionOptions& opts) {
   const Extent eo = extent_of("out", out);
   const Extent el = opts.lse ? extent_of("lse", *opts.lse) : Extent{};
   const auto disjoint = [&](const char* name, const TensorView& t) {
@@ -89,7 +93,7 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
   disjoint("v_pages", kv.v_pages);
   if (kv.k_scales) disjoint("k_scales", *kv.k_scales);
   if (kv.v_scales) disjoint("v_scales", *kv.v_scales);
-
+  const std::int64_t B = q.shape[0];
   const TensorView& bt = kv.block_table;
   check_view("block_table", bt, 2, 2);
   if (bt.dtype != DType::i32)
@@ -108,30 +112,45 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
     fail("seq_lens has shape " + shape_str(sl) + " but Q has B=" + std::to_string(B) +
          "; expected [" + std::to_string(B) + "]");
   disjoint("seq_lens", sl);
+}
 
+// Sequence b's length, and its table row's first ceil(len / P) entries in [0, num_pages).
+std::int64_t sequence_length(const PagedKv& kv, std::int64_t b) {
+  const TensorView &bt = kv.block_table, &sl = kv.seq_lens;
+  const std::int64_t num_pages = kv.k_pages.shape[0], P = kv.k_pages.shape[2];
   const std::int64_t max_pages = bt.shape[1];
+  const std::int64_t len = sl.dtype == DType::i32
+                               ? static_cast<const std::int32_t*>(sl.data)[b * sl.strides[0]]
+                               : static_cast<const std::int64_t*>(sl.data)[b * sl.strides[0]];
+  if (len < 0 || len > max_pages * P)
+    fail("seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
+         " is outside [0, max_pages * P] = [0, " + std::to_string(max_pages * P) +
+         "] (block_table " + shape_str(bt) + ", P = " + std::to_string(P) + ")");
+  const std::int32_t* row = static_cast<const std::int32_t*>(bt.data) + b * bt.strides[0];
+  for (std::int64_t i = 0; i < (len + P - 1) / P; ++i) {
+    const std::int64_t page = row[i * bt.strides[1]];
+    if (page < 0 || page >= num_pages)
+      fail("block_table[" + std::to_string(b) + ", " + std::to_string(i) + "] = " +
+           std::to_string(page) + " is outside [0, num_pages) = [0, " + std::to_string(num_pages) +
+           ") (seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) + " uses its first " +
+           std::to_string((len + P - 1) / P) + " entries)");
+  }
+  return len;
+}
+
+Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                     const AttentionOptions& opts, bool allow_f64) {
+  const AttentionOptions o = paged_options(q, kv, opts);
+  const std::int64_t B = q.shape[0];
+  const Problem whole =
+      validate(q, first_page(kv.k_pages, B), first_page(kv.v_pages, B), out, o, allow_f64);
+  check_table(q, kv, out, opts);
+  const std::int64_t num_pages = kv.k_pages.shape[0], P = kv.k_pages.shape[2];
   int shift = 0;
   while ((std::int64_t{1} << shift) < P) ++shift;
-  const auto* table = static_cast<const std::int32_t*>(bt.data);
   Paged paged;
   for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t len = sl.dtype == DType::i32
-                                 ? static_cast<const std::int32_t*>(sl.data)[b * sl.strides[0]]
-                                 : static_cast<const std::int64_t*>(sl.data)[b * sl.strides[0]];
-    if (len < 0 || len > max_pages * P)
-      fail("seq_lens[" + std::to_string(b) + "] = " + std::to_string(len) +
-           " is outside [0, max_pages * P] = [0, " + std::to_string(max_pages * P) +
-           "] (block_table " + shape_str(bt) + ", P = " + std::to_string(P) + ")");
-    const std::int32_t* row = table + b * bt.strides[0];
-    for (std::int64_t i = 0; i < (len + P - 1) / P; ++i) {
-      const std::int64_t page = row[i * bt.strides[1]];
-      if (page < 0 || page >= num_pages)
-        fail("block_table[" + std::to_string(b) + ", " + std::to_string(i) +
-             "] = " + std::to_string(page) + " is outside [0, num_pages) = [0, " +
-             std::to_string(num_pages) + ") (seq_lens[" + std::to_string(b) +
-             "] = " + std::to_string(len) + " uses its first " + std::to_string((len + P - 1) / P) +
-             " entries)");
-    }
+    const std::int64_t len = sequence_length(kv, b);
     Problem p = whole;
     p.B = 1;
     p.Lk = len;
@@ -148,7 +167,7 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
     if (kv.v_scales && kv.v_scales->rank == 3)
       p.v_scale_s[0] = num_pages > 1 ? kv.v_scales->strides[0] : 0;
     // The table row is contiguous (check_view); a pool of one-token pages has s[2] = 0, unused.
-    p.pages = row;
+    p.pages = static_cast<const std::int32_t*>(kv.block_table.data) + b * kv.block_table.strides[0];
     p.pages_s = 0;
     p.page_shift = shift;
     (len == 0 ? paged.empty : paged.run).push_back(p);
