@@ -3,7 +3,8 @@
 // (bench/support/shapes.h, the table `cpuattn bench` uses). Rates are reported as counters
 // (FLOP/s, and bytes/s of K+V read for decode shapes). Thread counts run from 1 to this
 // machine's logical CPUs. Google Benchmark writes JSON with --benchmark_out, and its compare.py
-// (Debian's libbenchmark-tools) compares two such files (README, "Benchmarking and profiling"):
+// (Debian's libbenchmark-tools) compares two such files (docs/profiling.md, "Comparing two
+// builds"):
 //   build/release/bench/bench_attention --benchmark_filter='Fused/P1/highway'
 //   build/release/bench/bench_attention --benchmark_filter=Fused/ --benchmark_out=run.json
 //       --benchmark_out_format=json --benchmark_repetitions=5   (one command line)

@@ -229,7 +229,7 @@ inline void fill_values(Problem& p, Reader& in, std::uint64_t seed) {
 
 // Whole K and V rows of up to three keys that some query row does not attend (a mask, causality,
 // key lengths) become NaN or +-inf, as batch padding, recycled pages and pre-allocated cache slots
-// hold: the rows that exclude such a key must not see it (README, guarantees); the rows that
+// hold: the rows that exclude such a key must not see it (docs/guarantees.md); the rows that
 // attend it propagate it, as the reference does.
 inline void poison_excluded(Problem& p, Reader& in) {
   static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf};

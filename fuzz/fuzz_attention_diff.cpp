@@ -5,7 +5,7 @@
 // on every SIMD target this CPU has and one or two threads.
 //
 // Agreement, row by row (out [Dv] and lse of one query row):
-//  * every key masked: out exactly 0 and lse -inf (README, "Semantics"), whatever the masked
+//  * every key masked: out exactly 0 and lse -inf (docs/api.md, "Semantics"), whatever the masked
 //    keys hold;
 //  * otherwise NaN where the reference has NaN and nowhere else, the same infinities, and finite
 //    values within the test suite's tolerance (tests/test_fast.cpp, check_case):

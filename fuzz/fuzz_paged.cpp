@@ -179,14 +179,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const int target = static_cast<int>(in.range(0, kTargets - 1)),
             threads = static_cast<int>(in.range(1, 2));
-  // bf16 pages on the native kernel (README "Reduced precision"): P rounded to bf16 (2^-8) and,
+  // bf16 pages on the native kernel (docs/precision.md): P rounded to bf16 (2^-8) and,
   // in decoding steps, Q split into bf16 hi + lo (2^-15 D scale max|q| max|k|, both <= 1 here).
   // int8 pages there: decoding steps' P V on VNNI, weights quantized per block of 128 keys, out
   // off by 2^-9 max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1]
   // / 127 (vmax >= max|code| 0.5 / 127, and the error scales with max|code| too).
   // Pool rows that no query of any sequence attends (past every length, in unused pages, or left
   // of every row's window) hold NaN or +-inf, as recycled pages do; int8 rows through their
-  // scales. No output may change for them (README, guarantees).
+  // scales. No output may change for them (docs/guarantees.md, "Excluded keys").
   if (valid && in.chance(50)) {
     static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(),
                                      std::numeric_limits<float>::infinity(),

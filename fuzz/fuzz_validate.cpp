@@ -1,5 +1,5 @@
 // Argument validation of attention() and reference_attention(), against an independent statement
-// of the rules in cpuattn.h and the README ("Errors"): the call must throw cpuattn::Error iff an
+// of the rules in cpuattn.h and docs/api.md ("Errors"): the call must throw cpuattn::Error iff an
 // argument breaks a rule, and then leave every output byte untouched; a call that succeeds must
 // write every element of every output and nothing else.
 //

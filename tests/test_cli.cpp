@@ -495,8 +495,8 @@ TEST_F(Cli, BenchNamesTheSimdProviderOfEachRecord) {
 namespace {
 
 // --dtype rounds Q, K and V once and computes from them; float16 files ('<f2') are read as such.
-// The fast path is compared with --reference on the same rounded values (bound: README,
-// "Reduced precision").
+// The fast path is compared with --reference on the same rounded values (bound:
+// docs/precision.md, "Accuracy").
 TEST_F(Cli, ReducedPrecisionDtypes) {
   const std::int64_t B = 2, L = 9, D = 16;
   std::vector<double> qv, kv, vv;
@@ -532,9 +532,10 @@ TEST_F(Cli, ReducedPrecisionDtypes) {
   run_bad(qkv + " --dtype int8");
 }
 
-// The variants (--window, --softcap, --alibi, --alibi-slopes, --sinks) on the README's worked
-// example: one query (q = 1, D = 1, --no-scale) against keys 1..5 with values 10..50, so the
-// scores are the keys; expected values from the formulas, on every path. With --lse.
+// The variants (--window, --softcap, --alibi, --alibi-slopes, --sinks) on the worked example of
+// docs/api.md ("Attention variants"): one query (q = 1, D = 1, --no-scale) against keys 1..5 with
+// values 10..50, so the scores are the keys; expected values from the formulas, on every path.
+// With --lse.
 TEST_F(Cli, Variants) {
   put("q.npy", make({1, 1}, {1}));
   put("k.npy", make({5, 1}, {1, 2, 3, 4, 5}));

@@ -199,7 +199,7 @@ TEST_F(Cli, BenchSweepsParseInEveryFormat) {
 }
 
 // tools/plot_bench.py draws a PNG from a file of `cpuattn bench --json` lines (a fixture made by
-// the sweeps on the machine the README's charts come from).
+// the sweeps on the machine the charts of docs/performance.md come from).
 TEST_F(Cli, PlotBenchMakesAPngFromAFixture) {
   const std::string cmd = "/usr/bin/python3 '" CPUATTN_SOURCE_DIR
                           "/tools/plot_bench.py' '" CPUATTN_SOURCE_DIR

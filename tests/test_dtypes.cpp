@@ -456,7 +456,7 @@ TEST(KvCacheDtypes, BadInput) {
 // End-to-end error of a reduced cache against an f32 cache, on a multi-head decode step: max
 // |error| relative to max |V| and cosine similarity of the outputs, on random data and on data with
 // outlier channels (a few dims 20x larger, which stretch int8's per-token scale). Printed, and
-// asserted against bounds the README states.
+// asserted against bounds docs/precision.md states ("Measured accuracy").
 TEST(KvCacheDtypes, EndToEndErrorAgainstF32Cache) {
   const std::int64_t B = 2, H = 8, Hkv = 2, D = 64, L = 1024;
   for (bool outliers : {false, true}) {

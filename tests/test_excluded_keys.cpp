@@ -1,11 +1,11 @@
 // Keys that a mask, causality, a window, key lengths, a packed batch's boundary or a paged cache's
 // block table excludes never reach the output or the lse, whatever their K and V rows hold
-// (README, guarantees): services pad batches with uninitialised memory, recycle cache pages and
-// pre-allocate cache slots. Each case poisons the excluded keys' K and V rows with inf, -inf or
-// NaN (and int8 rows through their scale) and compares the fast path with the reference on the
-// same inputs, on every backend, for f32/bf16/f16 tensors and bf16/f16/int8 caches, on the tiled,
-// streamed, split-key, paged and packed paths, at 1 and 2 threads. Rows that attend a poisoned key
-// propagate it, as the reference does (NaN for NaN, inf for inf).
+// (docs/guarantees.md, "Excluded keys"): services pad batches with uninitialised memory, recycle
+// cache pages and pre-allocate cache slots. Each case poisons the excluded keys' K and V rows with
+// inf, -inf or NaN (and int8 rows through their scale) and compares the fast path with the
+// reference on the same inputs, on every backend, for f32/bf16/f16 tensors and bf16/f16/int8
+// caches, on the tiled, streamed, split-key, paged and packed paths, at 1 and 2 threads. Rows that
+// attend a poisoned key propagate it, as the reference does (NaN for NaN, inf for inf).
 #include <gtest/gtest.h>
 
 #include <cmath>

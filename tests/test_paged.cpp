@@ -273,7 +273,7 @@ TEST(Paged, NativeBf16PathReadsPages) {
   std::vector<float> out(want.size(), 7.0f);
   attention(TensorView::contiguous(qb.data(), DType::bf16, {pl.B, pl.H, pl.Lq, pl.D}), pl.kv(),
             f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}));
-  // Probabilities rounded to bf16 before P V (README "Reduced precision"): 2^-8 relative per term.
+  // Probabilities rounded to bf16 before P V (docs/precision.md): 2^-8 relative per term.
   EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), 4e-3 * std::sqrt(150.0 / 64), 8e-3))
       << active_bf16_path();
 }
@@ -294,7 +294,7 @@ TEST(Paged, NativeDecodeWithF32Q) {
       pl.expected({}, want, want_lse);
       std::vector<float> out(want.size(), 7.0f);
       attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}), {}, &ctx);
-      // README "Reduced precision", V in [-1, 1]: bf16 |out - ref| <= (2^-8 + 2^-15 D scale)
+      // docs/precision.md ("Accuracy"), V in [-1, 1]: bf16 |out - ref| <= (2^-8 + 2^-15 D scale)
       // max|v|; int8 (against the dequantized values) 2^-9 max|v|, plus f32's rounding.
       const double tol = dt == DType::bf16
                              ? std::ldexp(1.0, -8) + std::ldexp(1.0, -15) * 72 / std::sqrt(72.0)
@@ -304,8 +304,8 @@ TEST(Paged, NativeDecodeWithF32Q) {
 }
 
 TEST(Paged, ReadmeWorkedExample) {
-  // README "Paged KV cache": 4 pages of 2 tokens, one head, D = 1; row 1 of page 1 (99) lies past
-  // sequence 0's length and must not be read; sequence 1 shares page 3.
+  // docs/api.md, "Paged KV cache": 4 pages of 2 tokens, one head, D = 1; row 1 of page 1 (99)
+  // lies past sequence 0's length and must not be read; sequence 1 shares page 3.
   const std::vector<float> k = {4, 5, 3, 99, -7, -7, 1, 2}, v = {40, 50, 30, 99, -7, -7, 10, 20};
   const std::vector<std::int32_t> table = {3, 1, 3, 0};
   const std::vector<std::int64_t> lens = {3, 4};

@@ -72,7 +72,8 @@ void expect_tiny(Tiny& t, const std::vector<double>& s, double sink = -kInf) {
   }
 }
 
-// The README's worked examples: q = 1, keys 1..5 (scores = key), values 10, 20, ... 50.
+// The worked examples of docs/api.md ("Attention variants"): q = 1, keys 1..5 (scores = key),
+// values 10, 20, ... 50.
 TEST(VariantsWorked, SlidingWindow) {
   // Lq = 1, Lk = 5: the query sits at p = 4; window (2, 0) keeps keys 2, 3, 4.
   Tiny t(1.0f, {1, 2, 3, 4, 5}, {10, 20, 30, 40, 50});

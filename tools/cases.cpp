@@ -210,8 +210,9 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
   return c;
 }
 
-// Layer cases (README, "Benchmarks"): the dense product of a fused Q/K/V projection, a whole
-// multi-head attention layer, and one decoding step against a 4096-token KV cache.
+// Layer cases (the named shapes of docs/api.md, "The `cpuattn` tool"): the dense product of a
+// fused Q/K/V projection, a whole multi-head attention layer, and one decoding step against a
+// 4096-token KV cache.
 namespace {
 
 // The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16.

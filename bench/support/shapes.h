@@ -1,5 +1,5 @@
-// The project's named benchmark shapes (README, "Benchmarks"), shared by `cpuattn bench` and the
-// Google Benchmark suite so both measure the same problems.
+// The project's named benchmark shapes (docs/api.md, "The `cpuattn` tool"), shared by
+// `cpuattn bench` and the Google Benchmark suite so both measure the same problems.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the README's heatmap example: the cross attention of a toy translation model, drawn by
-# `cpuattn heatmap`. Writes docs/heatmap.png and docs/heatmap.svg in the repository.
+# Builds the heatmap example of docs/api.md: the cross attention of a toy translation model,
+# drawn by `cpuattn heatmap`. Writes docs/heatmap.png and docs/heatmap.svg in the repository.
 #
 # Usage: examples/heatmap/make_example.sh [BUILD_DIR]     (default: build/release)
 # Needs a built `cpuattn` (cmake --build BUILD_DIR --target cpuattn_cli) and python3 with numpy.

@@ -682,7 +682,7 @@ static void test_mha_decode_matches_forward(void) {
 /* ------------------------------------------------------------------------------ errors */
 
 /* CPUATTN_ERROR_INVALID_ARGUMENT from the C++ API: the message is cpuattn::Error::what(), as
- * README.md documents it ("cpuattn: K has D=4 but Q has D=8 (Q [...], K [...], ...)"), and the
+ * docs/api.md ("Errors") documents it ("cpuattn: K has D=4 but Q has D=8 (Q [...], ...)"), and the
  * output is untouched. */
 static void test_invalid_argument(void) {
   float* q = random_floats(NQ, 1.0f);

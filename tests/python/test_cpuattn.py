@@ -17,7 +17,7 @@ import cpuattn
 
 
 # ---------------------------------------------------------------------------------------------
-# A float64 NumPy implementation of the semantics (README "Semantics").
+# A float64 NumPy implementation of the semantics (docs/api.md, "Semantics").
 
 
 def np_attention(q, k, v, mask=None, causal=None, scale=None, key_lengths=None,
@@ -444,7 +444,7 @@ def test_context_and_targets():
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention variants (README "Attention variants") against the NumPy float64 semantics.
+# Attention variants (docs/api.md, "Attention variants") against the NumPy float64 semantics.
 
 
 @pytest.mark.parametrize("fn", ["attention", "reference_attention"])

@@ -34,7 +34,7 @@ def filled_cache(rng, lens, dtype="f32", num_pages=64):
 
 
 def test_decode_loop_matches_contiguous_attention_and_numpy():
-    # The README's loop: append each new token's K/V, then attend to the cache in place.
+    # The loop of docs/api.md ("Python"): append each new token's K/V, then attend in place.
     rng = np.random.default_rng(1)
     cache, seqs, ks, vs = filled_cache(rng, [5, 40, 1])
     for step in range(20):
