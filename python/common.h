@@ -112,21 +112,32 @@ inline py::array writable(const py::handle& obj, const char* name) {
   return a;
 }
 
-inline py::array new_array(DType dtype, const std::vector<py::ssize_t>& shape) {
+// The NumPy dtype holding a library dtype: its own where NumPy has it, else its bit patterns
+// (bf16 as uint16, 8-bit floats as uint8).
+inline py::dtype numpy_dtype(DType dtype) {
   switch (dtype) {
     case DType::f32:
-      return py::array_t<float>(shape);
+      return py::dtype::of<float>();
     case DType::f64:
-      return py::array_t<double>(shape);
+      return py::dtype::of<double>();
     case DType::f16:
-      return py::array(py::dtype("float16"), shape);
-    case DType::bf16:
-      return py::array_t<std::uint16_t>(shape);
+      return py::dtype("float16");
     case DType::i8:
-      return py::array_t<std::int8_t>(shape);
+      return py::dtype::of<std::int8_t>();
+    case DType::i32:
+      return py::dtype::of<std::int32_t>();
+    case DType::i64:
+      return py::dtype::of<std::int64_t>();
+    case DType::boolean:
+      return py::dtype::of<bool>();
     default:
-      fail("internal: no array for dtype");
+      return cpuattn::dtype_size(dtype) == 1 ? py::dtype::of<std::uint8_t>()
+                                             : py::dtype::of<std::uint16_t>();
   }
+}
+
+inline py::array new_array(DType dtype, const std::vector<py::ssize_t>& shape) {
+  return py::array(numpy_dtype(dtype), shape);
 }
 
 // Any integer array (int8 .. int64, uint8 .. uint64) as a C-contiguous int64 one: the library's
@@ -273,12 +284,26 @@ inline cpuattn::Causal parse_causal(const py::handle& is_causal) {
   return is_causal.cast<bool>() ? cpuattn::Causal::top_left : cpuattn::Causal::none;
 }
 
+// A cache dtype by name: any K/V dtype of cpuattn.h's list, by its short or long name ("int8",
+// "float32") or its enumerator ("i8").
 inline DType parse_dtype(const std::string& s) {
-  if (s == "f32" || s == "float32") return DType::f32;
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "f16" || s == "float16") return DType::f16;
-  if (s == "i8" || s == "int8") return DType::i8;
-  fail("dtype must be \"f32\", \"bf16\", \"f16\" or \"i8\" (got \"" + s + "\")");
+  DType d;
+  if (cpuattn::parse_dtype(s, d) && cpuattn::is_kv_dtype(d)) return d;
+  std::string names;
+  for (int i = 0; i < cpuattn::kNumDTypes; ++i) {
+    const auto t = static_cast<DType>(i);
+    if (!cpuattn::is_kv_dtype(t)) continue;
+    names += std::string(names.empty() ? "\"" : ", \"") + cpuattn::dtype_short_name(t) + "\"";
+  }
+  fail("dtype must be one of " + names + " (got \"" + s + "\")");
+}
+
+// Static cache scales (cpuattn::KvScales) from Python: None (per-token scales), a float (one for
+// every head) or a sequence of one per K/V head.
+inline std::vector<float> scale_list(const py::object& x) {
+  if (x.is_none()) return {};
+  if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) return {x.cast<float>()};
+  return x.cast<std::vector<float>>();
 }
 
 // The arrays of one call (held, so their memory lives while the GIL is released) and the

@@ -383,6 +383,23 @@ PYBIND11_MODULE(cpuattn, m) {
       "The SIMD target the fast path runs on (with the default context, threads=N or context).",
       "threads"_a = py::none(), py::kw_only(), "context"_a = static_cast<CtxHandle*>(nullptr));
   m.def(
+      "kv_dtypes",
+      [] {
+        py::list out;
+        for (int i = 0; i < cpuattn::kNumDTypes; ++i) {
+          const auto d = static_cast<DType>(i);
+          if (!cpuattn::is_kv_dtype(d)) continue;
+          py::dict e;
+          e["name"] = cpuattn::dtype_short_name(d);
+          e["bytes"] = cpuattn::dtype_size(d);
+          e["scaled"] = cpuattn::needs_scales(d);
+          out.append(e);
+        }
+        return out;
+      },
+      "The K/V element types of the library's dtype list (cpuattn.h): [{'name', 'bytes', "
+      "'scaled'}], the names KvCache and PagedKvCache take as dtype.");
+  m.def(
       "supported_targets",
       [] {
         std::vector<std::string> out;
@@ -429,16 +446,20 @@ PYBIND11_MODULE(cpuattn, m) {
 
   py::class_<PyKvCache>(m, "KvCache",
                         "Keys and values of past tokens, [batch, kv_heads, capacity, head_dim], "
-                        "stored as f32, bf16, f16 or i8.")
+                        "stored as any K/V dtype (f32, bf16, f16, int8, ...). A scaled dtype "
+                        "(int8) keeps one scale per token, or static scales: k_scale and v_scale "
+                        "a float (every head) or one per K/V head.")
       .def(py::init([](std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
                        std::optional<std::int64_t> value_dim, std::int64_t capacity, bool growable,
-                       const std::string& dtype) {
-             return std::make_unique<PyKvCache>(
-                 cpuattn::KvCache(batch, kv_heads, head_dim, value_dim.value_or(head_dim), capacity,
-                                  growable, parse_dtype(dtype)));
+                       const std::string& dtype, const py::object& k_scale,
+                       const py::object& v_scale) {
+             return std::make_unique<PyKvCache>(cpuattn::KvCache(
+                 batch, kv_heads, head_dim, value_dim.value_or(head_dim), capacity, growable,
+                 parse_dtype(dtype), {scale_list(k_scale), scale_list(v_scale)}));
            }),
            "batch"_a, "kv_heads"_a, "head_dim"_a, "value_dim"_a = py::none(), py::kw_only(),
-           "capacity"_a, "growable"_a = false, "dtype"_a = "f32")
+           "capacity"_a, "growable"_a = false, "dtype"_a = "f32", "k_scale"_a = py::none(),
+           "v_scale"_a = py::none())
       .def_property_readonly("length", [](PyKvCache& c) { return c.cache.length(); })
       .def_property_readonly("capacity", [](PyKvCache& c) { return c.cache.capacity(); })
       .def_property_readonly("batch", [](PyKvCache& c) { return c.cache.batch(); })
@@ -497,6 +518,23 @@ PYBIND11_MODULE(cpuattn, m) {
             return copy_view(c.cache.values());
           },
           "A copy of the cached values [batch, kv_heads, length, value_dim].")
+      .def(
+          "key_scales",
+          [](PyKvCache& c) -> py::object {
+            std::lock_guard<std::mutex> lock(c.mu);
+            const auto s = c.cache.key_scales();
+            return s ? py::object(copy_view(*s)) : py::object(py::none());
+          },
+          "A copy of the keys' scales of a scaled dtype (int8): float32 [batch, kv_heads, length] "
+          "per token, or [kv_heads] static; None for other dtypes.")
+      .def(
+          "value_scales",
+          [](PyKvCache& c) -> py::object {
+            std::lock_guard<std::mutex> lock(c.mu);
+            const auto s = c.cache.value_scales();
+            return s ? py::object(copy_view(*s)) : py::object(py::none());
+          },
+          "The values' scales, as key_scales.")
       .def("__repr__", [](PyKvCache& c) {
         return "cpuattn.KvCache(batch=" + std::to_string(c.cache.batch()) +
                ", kv_heads=" + std::to_string(c.cache.kv_heads()) +

@@ -26,13 +26,9 @@ struct PyPagedKvCache {
 };
 
 // A NumPy view of the library's contiguous tensor `t`, read-only, keeping `owner` alive.
+// Dtypes NumPy lacks are their bit patterns (numpy_dtype).
 py::array pool_view(const cpuattn::TensorView& t, const py::handle& owner) {
-  const py::dtype dt = t.dtype == DType::f32   ? py::dtype::of<float>()
-                       : t.dtype == DType::f16 ? py::dtype("float16")
-                       : t.dtype == DType::i8  ? py::dtype::of<std::int8_t>()
-                       : t.dtype == DType::i32 ? py::dtype::of<std::int32_t>()
-                       : t.dtype == DType::i64 ? py::dtype::of<std::int64_t>()
-                                               : py::dtype::of<std::uint16_t>();  // bf16 bits
+  const py::dtype dt = numpy_dtype(t.dtype);
   std::vector<py::ssize_t> shape, strides;
   for (int d = 0; d < t.rank; ++d) {
     shape.push_back(t.shape[d]);
@@ -49,21 +45,27 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
                      const py::handle& seq_lens, const py::object& k_scales,
                      const py::object& v_scales, const py::handle& is_causal,
                      const std::optional<double>& scale, bool return_lse, const py::object& out_obj,
-                     bool bf16, const VariantArgs& variants, cpuattn::Context* ctx) {
+                     bool bf16, const std::optional<std::string>& kv_dtype,
+                     const VariantArgs& variants, cpuattn::Context* ctx) {
   Call call;
   py::array q = as_array(q_obj, "q");
   call.keep.push_back(q);
   if (q.ndim() != 4) fail("q has shape " + shape_str(q) + "; expected [B, H, Lq, D]");
-  // uint16 pools are bfloat16 bit patterns whatever bf16 says (as PagedKvCache gives them): bf16
-  // is for q and out.
-  const auto view = [&](const py::handle& obj, const char* name) {
+  // The pools' dtype: kv_dtype (bit patterns of its size, as PagedKvCache gives them), else the
+  // arrays' own, uint16 read as bfloat16 whatever bf16 says (bf16 is for q and out).
+  const auto view = [&](const py::handle& obj, const char* name, bool pool) {
     py::array a = as_array(obj, name);
     call.keep.push_back(a);
-    return make_view<cpuattn::TensorView>(a, dtype_of(a, name, true), name);
+    if (!pool || !kv_dtype) return make_view<cpuattn::TensorView>(a, dtype_of(a, name, true), name);
+    const DType d = parse_dtype(*kv_dtype);
+    if (static_cast<std::size_t>(a.dtype().itemsize()) != cpuattn::dtype_size(d))
+      fail(std::string(name) + " has dtype " + numpy_dtype_name(a) + " but kv_dtype is \"" +
+           *kv_dtype + "\" (" + std::to_string(cpuattn::dtype_size(d)) + "-byte elements)");
+    return make_view<cpuattn::TensorView>(a, d, name);
   };
   cpuattn::PagedKv kv;
-  kv.k_pages = view(k_pages, "k_pages");
-  kv.v_pages = view(v_pages, "v_pages");
+  kv.k_pages = view(k_pages, "k_pages", true);
+  kv.v_pages = view(v_pages, "v_pages", true);
   py::array table = as_array(block_table, "block_table");
   if (table.dtype().itemsize() != 4 || table.dtype().kind() != 'i') {
     // Ids past int32 cannot name a page: reject them instead of letting the cast wrap.
@@ -79,8 +81,8 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
   const py::array lens = int64_array(seq_lens, "seq_lens");
   call.keep.push_back(lens);
   kv.seq_lens = make_view<cpuattn::TensorView>(lens, DType::i64, "seq_lens");
-  if (!k_scales.is_none()) kv.k_scales = view(k_scales, "k_scales");
-  if (!v_scales.is_none()) kv.v_scales = view(v_scales, "v_scales");
+  if (!k_scales.is_none()) kv.k_scales = view(k_scales, "k_scales", false);
+  if (!v_scales.is_none()) kv.v_scales = view(v_scales, "v_scales", false);
   const auto qv = make_view<cpuattn::TensorView>(q, dtype_of(q, "q", bf16), "q");
   call.opts.scale = scale;
   call.opts.causal = parse_causal(is_causal);
@@ -111,8 +113,10 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
 const char* const kPagedDoc = R"doc(
 Attention of q [B, H, Lq, D] to B sequences stored in a paged KV cache, read in place:
 k_pages [num_pages, Hkv, P, D], v_pages [num_pages, Hkv, P, Dv] (float32, float16, bfloat16 bit
-patterns in uint16, or int8 with k_scales / v_scales float32 [num_pages, Hkv, P]); q and out are
-float32 or float16, or bfloat16 bit patterns with bf16=True;
+patterns in uint16, or a scaled dtype such as int8 with k_scales / v_scales float32
+[num_pages, Hkv, P] per token, [Hkv] per head or [1]; kv_dtype names the pools' dtype when the
+arrays hold bit patterns of it, e.g. uint8 pools of an 8-bit float); q and out are float32 or
+float16, or bfloat16 bit patterns with bf16=True;
 block_table integers [B, max_pages] (token j of sequence b is row j % P of page
 block_table[b, j // P]; entries past a sequence's pages are not read); seq_lens integers [B].
 PagedKvCache.batch(seqs) gives all of these as keywords: attention_paged(q, **cache.batch(seqs)).
@@ -130,18 +134,21 @@ void bind_cache(py::module_& m) {
   py::class_<C>(m, "PagedKvCache",
                 "A paged KV cache (vLLM's PagedAttention design): a pool of num_pages pages of "
                 "page_size tokens of every K/V head, shared by sequences (fork shares a prefix, "
-                "copy-on-write), stored as f32, bf16, f16 or i8. Methods that change it may be "
+                "copy-on-write), stored as any K/V dtype (f32, bf16, f16, int8, ...; a scaled "
+                "one with per-token scales, or static ones: k_scale, v_scale). Methods that "
+                "change it may be "
                 "called from several threads (they take a lock); an attention call reading its "
                 "pool must not overlap one that changes it.")
       .def(py::init([](std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
                        std::int64_t head_dim, std::optional<std::int64_t> value_dim,
-                       const std::string& dtype) {
-             return std::make_unique<C>(
-                 cpuattn::PagedKvCache(num_pages, page_size, kv_heads, head_dim,
-                                       value_dim.value_or(head_dim), parse_dtype(dtype)));
+                       const std::string& dtype, const py::object& k_scale,
+                       const py::object& v_scale) {
+             return std::make_unique<C>(cpuattn::PagedKvCache(
+                 num_pages, page_size, kv_heads, head_dim, value_dim.value_or(head_dim),
+                 parse_dtype(dtype), {scale_list(k_scale), scale_list(v_scale)}));
            }),
            "num_pages"_a, "page_size"_a, "kv_heads"_a, "head_dim"_a, "value_dim"_a = py::none(),
-           py::kw_only(), "dtype"_a = "f32")
+           py::kw_only(), "dtype"_a = "f32", "k_scale"_a = py::none(), "v_scale"_a = py::none())
       .def_property_readonly("num_pages", [](C& c) { return c.cache.num_pages(); })
       .def_property_readonly("page_size", [](C& c) { return c.cache.page_size(); })
       .def_property_readonly("kv_heads", [](C& c) { return c.cache.kv_heads(); })
@@ -250,11 +257,12 @@ void bind_cache(py::module_& m) {
             d["seq_lens"] = pool_view(kv.seq_lens, self).attr("copy")();
             if (kv.k_scales) d["k_scales"] = pool_view(*kv.k_scales, self);
             if (kv.v_scales) d["v_scales"] = pool_view(*kv.v_scales, self);
+            d["kv_dtype"] = cpuattn::dtype_short_name(c.cache.dtype());
             return d;
           },
           "The arguments of attention_paged for sequences `seqs` (in that order), as a dict: "
           "k_pages, v_pages (views of the pools), block_table int32 [B, max_pages] and seq_lens "
-          "int64 [B] (copies), and for int8 caches k_scales and v_scales.",
+          "int64 [B] (copies), kv_dtype, and for scaled dtypes (int8) k_scales and v_scales.",
           "seqs"_a)
       .def("__repr__", [](C& c) {
         return "cpuattn.PagedKvCache(num_pages=" + std::to_string(c.cache.num_pages()) +
@@ -275,36 +283,38 @@ void bind_paged(py::module_& m) {
       [](const py::handle& q, const py::handle& k_pages, const py::handle& v_pages,
          const py::handle& block_table, const py::handle& seq_lens, const py::object& k_scales,
          const py::object& v_scales, const py::handle& is_causal, std::optional<double> scale,
-         bool return_lse, const py::object& out, bool bf16, std::optional<int> threads,
-         CtxHandle* context, const py::object& window_size, double softcap, bool alibi,
-         const py::object& alibi_slopes, const py::object& sinks) {
+         bool return_lse, const py::object& out, bool bf16,
+         const std::optional<std::string>& kv_dtype, std::optional<int> threads, CtxHandle* context,
+         const py::object& window_size, double softcap, bool alibi, const py::object& alibi_slopes,
+         const py::object& sinks) {
         const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_paged(false, q, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales,
-                         is_causal, scale, return_lse, out, bf16, va,
+                         is_causal, scale, return_lse, out, bf16, kv_dtype, va,
                          pick_context(threads, context));
       },
       kPagedDoc, "q"_a, "k_pages"_a, "v_pages"_a, "block_table"_a, "seq_lens"_a, py::kw_only(),
       "k_scales"_a = py::none(), "v_scales"_a = py::none(), "is_causal"_a = false,
       "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(), "bf16"_a = false,
-      "threads"_a = py::none(), "context"_a = static_cast<CtxHandle*>(nullptr),
-      "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
-      "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
+      "kv_dtype"_a = py::none(), "threads"_a = py::none(),
+      "context"_a = static_cast<CtxHandle*>(nullptr), "window_size"_a = py::none(),
+      "softcap"_a = 0.0, "alibi"_a = false, "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
   m.def(
       "reference_attention_paged",
       [](const py::handle& q, const py::handle& k_pages, const py::handle& v_pages,
          const py::handle& block_table, const py::handle& seq_lens, const py::object& k_scales,
          const py::object& v_scales, const py::handle& is_causal, std::optional<double> scale,
-         bool return_lse, const py::object& out, bool bf16, const py::object& window_size,
-         double softcap, bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
+         bool return_lse, const py::object& out, bool bf16,
+         const std::optional<std::string>& kv_dtype, const py::object& window_size, double softcap,
+         bool alibi, const py::object& alibi_slopes, const py::object& sinks) {
         const VariantArgs va{window_size, alibi_slopes, sinks, softcap, alibi};
         return run_paged(true, q, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales,
-                         is_causal, scale, return_lse, out, bf16, va, nullptr);
+                         is_causal, scale, return_lse, out, bf16, kv_dtype, va, nullptr);
       },
       "The double-precision oracle of attention_paged (float64 out by default).", "q"_a,
       "k_pages"_a, "v_pages"_a, "block_table"_a, "seq_lens"_a, py::kw_only(),
       "k_scales"_a = py::none(), "v_scales"_a = py::none(), "is_causal"_a = false,
       "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(), "bf16"_a = false,
-      "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
+      "kv_dtype"_a = py::none(), "window_size"_a = py::none(), "softcap"_a = 0.0, "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "sinks"_a = py::none());
 }
 

@@ -83,6 +83,10 @@ inline constexpr int kNumDTypes = 0
     ;
 
 CPUATTN_API const char* dtype_name(DType dtype);
+// The short name ("f32", "bf16", "int8", ...), and the dtype named by its enumerator ("i8"), short
+// or long name; false for an unknown name.
+CPUATTN_API const char* dtype_short_name(DType dtype);
+CPUATTN_API bool parse_dtype(const std::string& name, DType& out);
 
 // Bytes per element (0 for a value outside the enum).
 constexpr std::size_t dtype_size(DType dtype) {

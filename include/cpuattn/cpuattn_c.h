@@ -58,7 +58,7 @@ extern "C" {
 
 /* Version of this C interface; incremented when it changes (fields are only ever appended to the
  * versioned structs, and functions only added). cpuattn_c_api_version() gives the library's. */
-#define CPUATTN_C_API_VERSION 3
+#define CPUATTN_C_API_VERSION 4
 
 /* ----------------------------------------------------------------------------- status, errors */
 
@@ -289,6 +289,13 @@ CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_create(int64_t num_pages, int6
                                                          int64_t kv_heads, int64_t head_dim,
                                                          int64_t value_dim, cpuattn_dtype dtype,
                                                          cpuattn_paged_kv_cache** out);
+/* The same with static scales for a scaled dtype (cpuattn::KvScales; since C API version 4):
+ * k_scales and v_scales hold n_scales floats each, 1 (per tensor) or kv_heads (per head), each
+ * finite and > 0; n_scales 0 (the pointers may be NULL) gives per-token scales. */
+CPUATTN_API cpuattn_status cpuattn_paged_kv_cache_create_scaled(
+    int64_t num_pages, int64_t page_size, int64_t kv_heads, int64_t head_dim, int64_t value_dim,
+    cpuattn_dtype dtype, const float* k_scales, const float* v_scales, int64_t n_scales,
+    cpuattn_paged_kv_cache** out);
 /* NULL is a no-op. */
 CPUATTN_API void cpuattn_paged_kv_cache_destroy(cpuattn_paged_kv_cache* cache);
 /* A new empty sequence; *out is its id (ids of freed sequences are reused). */
@@ -340,6 +347,11 @@ CPUATTN_API cpuattn_status cpuattn_kv_cache_create(int64_t batch, int64_t kv_hea
                                                    int64_t head_dim, int64_t value_dim,
                                                    int64_t capacity, int growable,
                                                    cpuattn_dtype dtype, cpuattn_kv_cache** out);
+/* The same with static scales (as cpuattn_paged_kv_cache_create_scaled; since C API version 4). */
+CPUATTN_API cpuattn_status cpuattn_kv_cache_create_scaled(
+    int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t value_dim, int64_t capacity,
+    int growable, cpuattn_dtype dtype, const float* k_scales, const float* v_scales,
+    int64_t n_scales, cpuattn_kv_cache** out);
 /* NULL is a no-op. */
 CPUATTN_API void cpuattn_kv_cache_destroy(cpuattn_kv_cache* cache);
 CPUATTN_API cpuattn_status cpuattn_kv_cache_length(const cpuattn_kv_cache* cache, int64_t* out);
@@ -355,7 +367,8 @@ CPUATTN_API cpuattn_status cpuattn_kv_cache_truncate(cpuattn_kv_cache* cache, in
 /* Grows to at least `capacity` tokens (a fixed cache: invalid argument). */
 CPUATTN_API cpuattn_status cpuattn_kv_cache_reserve(cpuattn_kv_cache* cache, int64_t capacity);
 /* Views of the cached tokens in the stored dtype, [batch, kv_heads, length, head_dim] and
- * [.., value_dim]; the scales (f32 [batch, kv_heads, length]) of an i8 cache. For other dtypes
+ * [.., value_dim]; the scales of a scaled dtype (i8): f32 [batch, kv_heads, length] per token, or
+ * [kv_heads] static. For other dtypes
  * the scales view has data = NULL and rank 0 (pass `data ? &view : NULL` as k_scales/v_scales).
  * The views are read-only and valid until the cache next changes (append, reserve, destroy). */
 CPUATTN_API cpuattn_status cpuattn_kv_cache_keys(const cpuattn_kv_cache* cache,

@@ -54,20 +54,34 @@ class CPUATTN_API Linear {
   std::shared_ptr<const detail::PackedMatrix> m_;
 };
 
+// The scales of a cache of a scaled dtype (int8 and the like; cpuattn.h's list). Empty (the
+// default): each token of each K/V head is stored with its own scale, max|x| / (the largest
+// stored value: 127 for int8), kept beside it. Given: static scales (vLLM's k_scale / v_scale),
+// one for every K/V head (size 1) or one per head (size kv_heads), each finite and > 0; a value
+// x is stored as x / scale rounded to nearest even and saturated to the type's range. Static
+// scales read 4 bytes less per token and head and match a cache written elsewhere with them;
+// per-token ones follow each token's range.
+struct KvScales {
+  std::vector<float> k, v;
+};
+
 // The keys and values of past tokens for incremental decoding, owned:
 // keys [batch, kv_heads, capacity, head_dim], values [batch, kv_heads, capacity, value_dim],
-// stored as f32, bf16, f16 (rounded to nearest even) or int8 (symmetric, one f32 scale per token
-// of each K/V head: quantize_int8). bf16/f16 halve the bytes a decode step reads, int8 quarters
-// them; attention() and MultiHeadAttention::decode read the stored dtype directly.
-// One length for the whole batch (use one cache per sequence for ragged batches, or key_lengths).
+// stored as any K/V dtype of cpuattn.h's list: f32, bf16 or f16 (rounded to nearest even), or a
+// scaled one (int8: symmetric) with the scales of KvScales. bf16/f16 halve the bytes a decode
+// step reads, 1-byte types quarter them; attention() and MultiHeadAttention::decode read the
+// stored dtype directly. One length for the whole batch (use one cache per sequence for ragged
+// batches, or key_lengths).
 class CPUATTN_API KvCache {
  public:
   // growable = false: appending beyond `capacity` throws Error and changes nothing.
   // growable = true: such an append first doubles the capacity (or more, to fit), copying the
   // cached tokens once; reserve() grows ahead of time.
-  // dtype: f32, bf16, f16 or i8; anything else is an Error.
+  // dtype: a K/V dtype (is_kv_dtype); anything else is an Error, and so are scales for a dtype
+  // that is not scaled.
   KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
-          std::int64_t capacity, bool growable = false, DType dtype = DType::f32);
+          std::int64_t capacity, bool growable = false, DType dtype = DType::f32,
+          const KvScales& scales = {});
   ~KvCache();
   KvCache(KvCache&&) noexcept;
   KvCache& operator=(KvCache&&) noexcept;
@@ -88,12 +102,13 @@ class CPUATTN_API KvCache {
   // Keeps the first `length` tokens (<= length()): rolls back rejected speculative tokens.
   void truncate(std::int64_t length);
   // Appends n tokens: k [batch, kv_heads, n, head_dim], v [batch, kv_heads, n, value_dim], f32,
-  // bf16 or f16, converted to the cache's dtype. An int8 cache rejects non-finite values (Error,
-  // nothing stored).
+  // bf16 or f16, converted to the cache's dtype. A cache of a scaled dtype rejects non-finite
+  // values (Error, nothing stored).
   void append(const TensorView& k, const TensorView& v);
   // The cached tokens in the stored dtype: [batch, kv_heads, length, head_dim] and
-  // [.., value_dim]; for int8 also their scales, f32 [batch, kv_heads, length] (std::nullopt for
-  // other dtypes). Pass them as AttentionOptions::k_scales / v_scales.
+  // [.., value_dim]; for a scaled dtype also their scales, f32 [batch, kv_heads, length] per
+  // token or [kv_heads] static (std::nullopt for other dtypes). Pass them as
+  // AttentionOptions::k_scales / v_scales.
   TensorView keys() const;
   TensorView values() const;
   std::optional<TensorView> key_scales() const;
@@ -112,14 +127,15 @@ class CPUATTN_API KvCache {
 // sequence up to a maximum length and does not fragment. fork() starts a sequence that shares a
 // prefix of another's pages (a prefix cache: a system prompt stored once); a shared page is copied
 // only when a sequence writes into it (copy-on-write), and a page returns to the pool when the last
-// sequence holding it lets go. Storage: f32, bf16, f16 (rounded to nearest even) or int8 (one f32
-// scale per token of each K/V head, quantize_int8), read in place by attention(q, batch(...)).
+// sequence holding it lets go. Storage: any K/V dtype, as KvCache's (a scaled one with per-token
+// scales beside the pool, or static ones: KvScales), read in place by attention(q, batch(...)).
 // Not thread-safe: one thread changes a cache at a time (attention calls may read a batch() view
 // concurrently as long as nothing changes the cache meanwhile).
 class CPUATTN_API PagedKvCache {
  public:
   PagedKvCache(std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
-               std::int64_t head_dim, std::int64_t value_dim, DType dtype = DType::f32);
+               std::int64_t head_dim, std::int64_t value_dim, DType dtype = DType::f32,
+               const KvScales& scales = {});
   ~PagedKvCache();
   PagedKvCache(PagedKvCache&&) noexcept;
   PagedKvCache& operator=(PagedKvCache&&) noexcept;
@@ -140,7 +156,8 @@ class CPUATTN_API PagedKvCache {
   // Appends n tokens to `seq`: k [kv_heads, n, head_dim], v [kv_heads, n, value_dim], f32, bf16
   // or f16 (strided; last dimension contiguous), converted to the cache's dtype. Takes the pages
   // it needs (plus one if the last page is shared: copy-on-write). Throws Error and changes
-  // nothing if the pool has too few free pages, or an int8 cache is given a non-finite value.
+  // nothing if the pool has too few free pages, or a cache of a scaled dtype is given a
+  // non-finite value.
   void append(std::int64_t seq, const TensorView& k, const TensorView& v);
   // Keeps the first `length` tokens of `seq` (<= its length); pages past them are released.
   void truncate(std::int64_t seq, std::int64_t length);
@@ -156,9 +173,9 @@ class CPUATTN_API PagedKvCache {
   PagedKv batch(const std::vector<std::int64_t>& seqs);
 
   // The whole pools, as batch() gives them: k [num_pages, kv_heads, page_size, head_dim] and v
-  // [.., value_dim] in the cache's dtype, and the int8 scales [num_pages, kv_heads, page_size]
-  // (nullopt for other dtypes). They stay where they are for the cache's life; their contents
-  // change with it.
+  // [.., value_dim] in the cache's dtype, and the scales of a scaled dtype, per token
+  // [num_pages, kv_heads, page_size] or static [kv_heads] (nullopt for other dtypes). They stay
+  // where they are for the cache's life; their contents change with it.
   TensorView key_pages() const;
   TensorView value_pages() const;
   std::optional<TensorView> key_page_scales() const;
@@ -225,11 +242,11 @@ class CPUATTN_API MultiHeadAttention {
               Context* context = nullptr) const;
   // A cache shaped for this layer.
   KvCache make_cache(std::int64_t batch, std::int64_t capacity, bool growable = false,
-                     DType dtype = DType::f32) const;
+                     DType dtype = DType::f32, const KvScales& scales = {}) const;
 
   // A paged cache shaped for this layer.
   PagedKvCache make_paged_cache(std::int64_t num_pages, std::int64_t page_size,
-                                DType dtype = DType::f32) const;
+                                DType dtype = DType::f32, const KvScales& scales = {}) const;
 
   struct Impl;
 

@@ -24,12 +24,12 @@ namespace cpuattn {
 // view (last dimension contiguous, any row stride). Any d >= 1; for odd d the last column is a
 // sine. base must be finite and > 1.
 CPUATTN_API void sinusoidal_table(const OutputView& table, std::int64_t position_offset = 0,
-                      double base = 10000.0, Context* context = nullptr);
+                                  double base = 10000.0, Context* context = nullptr);
 
 // In place: x[b, l, :] += PE(position_offset + l). x is an f32 [L, d] or [B, L, d] view (any
 // non-negative strides, last dimension contiguous).
-CPUATTN_API void add_sinusoidal(const OutputView& x, std::int64_t position_offset = 0, double base = 10000.0,
-                    Context* context = nullptr);
+CPUATTN_API void add_sinusoidal(const OutputView& x, std::int64_t position_offset = 0,
+                                double base = 10000.0, Context* context = nullptr);
 
 // Which dimensions of a head form the rotated pairs (R = rotary dimension):
 //   half:        (j, j + R/2)  GPT-NeoX, Llama
@@ -48,7 +48,7 @@ struct RopeOptions {
 // strides, last dimension contiguous; e.g. OutputView::blhd over [B, L, H, D] memory). Row l of
 // every (b, h) is at position p = position_offset + l; pair j turns by the angle
 // p * base^(-2j/R):  (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos).
-CPUATTN_API void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOptions& opts = {},
-                Context* context = nullptr);
+CPUATTN_API void apply_rope(const OutputView& x, std::int64_t position_offset,
+                            const RopeOptions& opts = {}, Context* context = nullptr);
 
 }  // namespace cpuattn

@@ -127,9 +127,9 @@ long long raw(const E& e) {
 // check fails (the library allocates nothing per call in steady state, and neither does this API).
 DType to_dtype(const cpuattn_dtype& d, const char* name, const char* suffix = "") {
   const long long v = raw(d);
-  if (v < 0 || v > static_cast<long long>(DType::i8)) {
-    fail(std::string(name) + suffix + " " + std::to_string(v) +
-         " is not a cpuattn_dtype (CPUATTN_DTYPE_F32 .. CPUATTN_DTYPE_I8)");
+  if (v < 0 || v >= cpuattn::kNumDTypes) {
+    fail(std::string(name) + suffix + " " + std::to_string(v) + " is not a cpuattn_dtype (0 .. " +
+         std::to_string(cpuattn::kNumDTypes - 1) + ")");
   }
   return static_cast<DType>(v);
 }
@@ -343,6 +343,16 @@ const cpuattn::Context& context_or_default(const cpuattn_context* c) {
   return c ? c->context : cpuattn::default_context();
 }
 
+// Static cache scales from C: n floats each (0: per-token scales; the pointers may then be
+// NULL).
+cpuattn::KvScales to_scales(const float* k, const float* v, std::int64_t n) {
+  if (n < 0) fail("n_scales = " + std::to_string(n) + " must be >= 0");
+  if (n == 0) return {};
+  need(k, "k_scales");
+  need(v, "v_scales");
+  return {std::vector<float>(k, k + n), std::vector<float>(v, v + n)};
+}
+
 }  // namespace
 
 // ===================================================================================== C API
@@ -383,7 +393,7 @@ int cpuattn_c_api_version(void) { return CPUATTN_C_API_VERSION; }
 
 const char* cpuattn_dtype_name(cpuattn_dtype dtype) {
   const long long v = raw(dtype);
-  if (v < 0 || v > static_cast<long long>(DType::i8)) return "unknown";
+  if (v < 0 || v >= cpuattn::kNumDTypes) return "unknown";
   return cpuattn::dtype_name(static_cast<DType>(v));
 }
 
@@ -593,6 +603,22 @@ cpuattn_status cpuattn_paged_kv_cache_create(int64_t num_pages, int64_t page_siz
   });
 }
 
+cpuattn_status cpuattn_paged_kv_cache_create_scaled(int64_t num_pages, int64_t page_size,
+                                                    int64_t kv_heads, int64_t head_dim,
+                                                    int64_t value_dim, cpuattn_dtype dtype,
+                                                    const float* k_scales, const float* v_scales,
+                                                    int64_t n_scales,
+                                                    cpuattn_paged_kv_cache** out) {
+  return guarded([&] {
+    need(out, "out");
+    const DType d = to_dtype(dtype, "dtype");
+    const cpuattn::KvScales scales = to_scales(k_scales, v_scales, n_scales);
+    auto c = std::unique_ptr<cpuattn_paged_kv_cache>(new cpuattn_paged_kv_cache{
+        cpuattn::PagedKvCache(num_pages, page_size, kv_heads, head_dim, value_dim, d, scales)});
+    *out = c.release();
+  });
+}
+
 void cpuattn_paged_kv_cache_destroy(cpuattn_paged_kv_cache* cache) { delete cache; }
 
 cpuattn_status cpuattn_paged_kv_cache_add_sequence(cpuattn_paged_kv_cache* cache, int64_t* out) {
@@ -693,6 +719,21 @@ cpuattn_status cpuattn_kv_cache_create(int64_t batch, int64_t kv_heads, int64_t 
     const DType d = to_dtype(dtype, "dtype");
     auto c = std::unique_ptr<cpuattn_kv_cache>(new cpuattn_kv_cache{
         cpuattn::KvCache(batch, kv_heads, head_dim, value_dim, capacity, growable != 0, d)});
+    *out = c.release();
+  });
+}
+
+cpuattn_status cpuattn_kv_cache_create_scaled(int64_t batch, int64_t kv_heads, int64_t head_dim,
+                                              int64_t value_dim, int64_t capacity, int growable,
+                                              cpuattn_dtype dtype, const float* k_scales,
+                                              const float* v_scales, int64_t n_scales,
+                                              cpuattn_kv_cache** out) {
+  return guarded([&] {
+    need(out, "out");
+    const DType d = to_dtype(dtype, "dtype");
+    const cpuattn::KvScales scales = to_scales(k_scales, v_scales, n_scales);
+    auto c = std::unique_ptr<cpuattn_kv_cache>(new cpuattn_kv_cache{cpuattn::KvCache(
+        batch, kv_heads, head_dim, value_dim, capacity, growable != 0, d, scales)});
     *out = c.release();
   });
 }

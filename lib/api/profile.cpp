@@ -148,7 +148,7 @@ CallScope::CallScope(const char* op) {
 void CallScope::set_dtypes(DType q, DType kv, DType out) {
   if (!profile_) return;
   // The names the CLI's --dtype and --kv-dtype take.
-  const auto name = [](DType t) { return detail::dtype_short_name(t); };
+  const auto name = [](DType t) { return dtype_short_name(t); };
   profile_->dtype = name(q);
   profile_->kv = name(kv);
   profile_->out = name(out);

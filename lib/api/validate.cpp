@@ -632,24 +632,13 @@ std::uint16_t to_f16(float x) { return detail::f32_to_f16(x); }
 float from_f16(std::uint16_t bits) { return detail::f16_to_f32(bits); }
 
 float quantize_int8(const float* x, std::int64_t n, std::int8_t* q) {
-  float amax = 0.0f;
   for (std::int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) {
       detail::fail("quantize_int8: element " + std::to_string(i) + " of " + std::to_string(n) +
                    " is " + std::to_string(x[i]) + " (int8 holds finite values only)");
     }
-    amax = std::max(amax, std::abs(x[i]));
   }
-  // A row whose scale underflows to 0 (max |x| < 1.8e-43) is stored as zeros, like a zero row.
-  const float scale = amax / 127.0f;
-  if (scale == 0.0f) {
-    std::fill(q, q + n, std::int8_t{0});
-    return 0.0f;
-  }
-  // x / scale is at most 127 * (1 + 2^-23) in magnitude: round, then clamp the last ulp.
-  for (std::int64_t i = 0; i < n; ++i)
-    q[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f));
-  return scale;
+  return detail::quantize_row(x, n, q);
 }
 
 }  // namespace cpuattn

@@ -1,7 +1,6 @@
 // The names of the dtypes in cpuattn.h's list.
 #include "kv/elem.h"
 
-#include <cstring>
 #include <string>
 
 namespace cpuattn {
@@ -17,8 +16,6 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
-namespace detail {
-
 const char* dtype_short_name(DType dtype) {
   switch (dtype) {
 #define CPUATTN_DTYPE_SHORT(name, bytes, long_name, short_name, role) \
@@ -30,19 +27,21 @@ const char* dtype_short_name(DType dtype) {
   return "unknown";
 }
 
-NativeDot native_dot(DType t) {
-  return with_elem(t, [](auto e) { return ElemTraits<decltype(e)>::kNative; });
+bool parse_dtype(const std::string& name, DType& out) {
+#define CPUATTN_DTYPE_PARSE(id, bytes, long_name, short_name, role) \
+  if (name == #id || name == short_name || name == long_name) {     \
+    out = DType::id;                                                \
+    return true;                                                    \
+  }
+  CPUATTN_DTYPES(CPUATTN_DTYPE_PARSE)
+#undef CPUATTN_DTYPE_PARSE
+  return false;
 }
 
-bool dtype_of_name(const char* name, DType& out) {
-  for (int i = 0; i < kNumDTypes; ++i) {
-    const auto d = static_cast<DType>(i);
-    if (std::strcmp(name, dtype_short_name(d)) == 0 || std::strcmp(name, dtype_name(d)) == 0) {
-      out = d;
-      return true;
-    }
-  }
-  return false;
+namespace detail {
+
+NativeDot native_dot(DType t) {
+  return with_elem(t, [](auto e) { return ElemTraits<decltype(e)>::kNative; });
 }
 
 }  // namespace detail

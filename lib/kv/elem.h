@@ -9,6 +9,8 @@
 // docs/architecture.md, "Add a K/V type", lists the files a new type touches.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -22,7 +24,8 @@ namespace cpuattn::detail {
 enum class NativeDot : std::uint8_t { none, bf16_pairs, int16_pairs };
 
 // Specialised by each type file: kDType, kScaled, kNative, ToFloat(T) (exact; a scaled type's
-// value is ToFloat(x) * scale, rounded to f32).
+// value is ToFloat(x) * scale, rounded to f32); a scaled type also kMaxStored and Quantize(y)
+// (quantize_row).
 template <class T>
 struct ElemTraits;
 // The element tag of a K/V dtype (specialised by each type file).
@@ -77,9 +80,24 @@ CPUATTN_ALWAYS_INLINE decltype(auto) with_elem(DType t, F&& f) {
 // The native products a K/V dtype feeds as stored (NativeDot::none for other dtypes).
 NativeDot native_dot(DType t);
 
-// The short name of a dtype (the CLI's and Python's: f32, bf16, int8, fp8_e4m3, ...).
-const char* dtype_short_name(DType t);
-// The dtype of a short or long name (cpuattn.h's list), or false.
-bool dtype_of_name(const char* name, DType& out);
+// A row of n finite values as a scaled type T, as the caches store it, with the row's own scale
+// max|x| / kMaxStored (returned; a row whose scale is 0, all zeros or below float's range, is
+// stored as zeros with scale 0) ...
+template <class T>
+float quantize_row(const float* x, std::int64_t n, T* q) {
+  float amax = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(x[i]));
+  const float scale = amax / ElemTraits<T>::kMaxStored;
+  for (std::int64_t i = 0; i < n; ++i)
+    q[i] = ElemTraits<T>::Quantize(scale == 0.0f ? 0.0f : x[i] / scale);
+  return scale;
+}
+
+// ... or with a given scale (> 0; the static per-head scales of a cache): x / scale saturates at
+// +-kMaxStored.
+template <class T>
+void quantize_row(const float* x, std::int64_t n, float scale, T* q) {
+  for (std::int64_t i = 0; i < n; ++i) q[i] = ElemTraits<T>::Quantize(x[i] / scale);
+}
 
 }  // namespace cpuattn::detail

@@ -5,6 +5,8 @@
 #ifndef CPUATTN_KV_INT8_H_
 #define CPUATTN_KV_INT8_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace cpuattn::detail {
@@ -19,6 +21,12 @@ struct ElemTraits<std::int8_t> {
   static constexpr bool kScaled = true;
   static constexpr NativeDot kNative = NativeDot::int16_pairs;
   static CPUATTN_ALWAYS_INLINE float ToFloat(std::int8_t x) { return static_cast<float>(x); }
+  // Quantization (quantize_row, kv/elem.h): the largest magnitude stored, and y = x / scale
+  // rounded to nearest even and clamped to it (y finite).
+  static constexpr float kMaxStored = 127.0f;
+  static CPUATTN_ALWAYS_INLINE std::int8_t Quantize(float y) {
+    return static_cast<std::int8_t>(std::clamp(std::nearbyint(y), -kMaxStored, kMaxStored));
+  }
 };
 
 }  // namespace cpuattn::detail

@@ -93,8 +93,9 @@ struct KvCache::Storage {
   std::int64_t B, Hkv, D, Dv;
   bool growable;
   DType dtype;
-  // The token buffers: [B, Hkv, capacity, D] and [.., Dv] elements of `dtype`, as bytes; with
-  // int8, one f32 scale per token of each K/V head, [B, Hkv, capacity] (quantize_int8). A growing
+  // The token buffers: [B, Hkv, capacity, D] and [.., Dv] elements of `dtype`, as bytes; for a
+  // scaled dtype without static scales, one f32 scale per token of each K/V head, [B, Hkv,
+  // capacity] (quantize_row). A growing
   // step fills a new Tokens and swaps it in last, so that a step that fails changes nothing, and
   // an append may read views of the cache's own tokens (keys(), values()).
   struct Tokens {
@@ -104,6 +105,9 @@ struct KvCache::Storage {
   };
   Tokens t;
   std::int64_t length = 0;
+  // Static scales, one per K/V head (KvScales); empty: per token, in t.
+  std::vector<float> k_static, v_static;
+  bool per_token_scales() const { return needs_scales(dtype) && k_static.empty(); }
   std::int64_t esize() const { return static_cast<std::int64_t>(dtype_size(dtype)); }
 
   std::string dims() const {
@@ -125,7 +129,7 @@ struct KvCache::Storage {
     n.capacity = cap;
     n.k.resize(static_cast<std::size_t>(B * Hkv * cap * D * e));
     n.v.resize(static_cast<std::size_t>(B * Hkv * cap * Dv * e));
-    const bool scaled = dtype == DType::i8;
+    const bool scaled = per_token_scales();
     n.k_scale.resize(scaled ? static_cast<std::size_t>(B * Hkv * cap) : 0);
     n.v_scale.resize(n.k_scale.size());
     for (std::int64_t bh = 0; bh < B * Hkv; ++bh) {
@@ -166,9 +170,10 @@ struct KvCache::Storage {
     length = new_length;
   }
 
-  // An int8 cache holds finite values only: checked for every row before anything is stored.
+  // A cache of a scaled dtype holds finite values only: checked for every row before anything
+  // is stored.
   void check_storable(const TensorView& x, const char* name) const {
-    if (dtype != DType::i8) return;
+    if (!needs_scales(dtype)) return;
     const std::int64_t n = x.shape[2], width = x.shape[3];
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < Hkv; ++h)
@@ -176,22 +181,22 @@ struct KvCache::Storage {
           for (std::int64_t d = 0; d < width; ++d) {
             const float v = detail::load_as_float(
                 x.data, x.dtype, b * x.strides[0] + h * x.strides[1] + l * x.strides[2] + d);
-            if (!std::isfinite(v)) {
-              fail(std::string("KvCache: ") + name + "[" + std::to_string(b) + "," +
-                   std::to_string(h) + "," + std::to_string(l) + "," + std::to_string(d) + "] is " +
-                   std::to_string(v) + ", which an int8 cache cannot hold");
-            }
+            if (!std::isfinite(v))
+              fail_not_storable("KvCache", name,
+                                std::to_string(b) + "," + std::to_string(h) + "," +
+                                    std::to_string(l) + "," + std::to_string(d),
+                                v, dtype);
           }
   }
 
   // Converts token rows k and v [B, Hkv, n, width] (f32, bf16 or f16; strides over b, h, l) to
   // the cache's dtype at positions length.. of `dst` (int8: quantized per row, scales kept).
   void store(const TensorView& k, const TensorView& v, Tokens& dst) const {
-    store_one(k, dst.k, dst.k_scale, D, dst.capacity);
-    store_one(v, dst.v, dst.v_scale, Dv, dst.capacity);
+    store_one(k, dst.k, dst.k_scale, k_static, D, dst.capacity);
+    store_one(v, dst.v, dst.v_scale, v_static, Dv, dst.capacity);
   }
   void store_one(const TensorView& x, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
-                 std::int64_t width, std::int64_t cap) const {
+                 const std::vector<float>& head_scale, std::int64_t width, std::int64_t cap) const {
     const std::int64_t n = x.shape[2], e = esize();
     // A same-dtype append (every f32 decode step) copies rows and needs no conversion buffer.
     std::vector<float> row(x.dtype == dtype ? 0 : static_cast<std::size_t>(width));
@@ -201,7 +206,8 @@ struct KvCache::Storage {
           const std::int64_t src = b * x.strides[0] + h * x.strides[1] + l * x.strides[2];
           const std::int64_t tok = (b * Hkv + h) * cap + length + l;
           std::uint8_t* out = dst.data() + tok * width * e;
-          store_cache_row(x, src, out, dtype, width, scale.empty() ? nullptr : &scale[tok], row);
+          store_cache_row(x, src, out, dtype, width, scale.empty() ? nullptr : &scale[tok],
+                          head_scale.empty() ? 1.0f : head_scale[static_cast<std::size_t>(h)], row);
         }
       }
     }
@@ -216,7 +222,8 @@ struct KvCache::Storage {
     return x;
   }
   std::optional<TensorView> scales(const Tokens& in, bool values, std::int64_t len) const {
-    if (dtype != DType::i8) return std::nullopt;
+    if (!needs_scales(dtype)) return std::nullopt;
+    if (!per_token_scales()) return f32_view((values ? v_static : k_static).data(), {Hkv});
     TensorView x = f32_view((values ? in.v_scale : in.k_scale).data(), {B, Hkv, len});
     x.strides = {Hkv * in.capacity, in.capacity, 1};
     return x;
@@ -233,11 +240,9 @@ KvCache::Storage& live(const std::unique_ptr<KvCache::Storage>& s, const char* w
 }  // namespace
 
 KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_dim,
-                 std::int64_t value_dim, std::int64_t capacity, bool growable, DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8) {
-    fail(std::string("KvCache: dtype ") + dtype_name(dtype) +
-         " is not a cache dtype (float32, bfloat16, float16 or int8)");
-  }
+                 std::int64_t value_dim, std::int64_t capacity, bool growable, DType dtype,
+                 const KvScales& scales) {
+  check_cache_dtype("KvCache", dtype);
   const std::string dims =
       "batch=" + std::to_string(batch) + ", kv_heads=" + std::to_string(kv_heads) +
       ", head_dim=" + std::to_string(head_dim) + ", value_dim=" + std::to_string(value_dim) +
@@ -251,8 +256,14 @@ KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_di
       __builtin_mul_overflow(per_token, capacity, &total) || total > kMaxFloats) {
     fail("KvCache: too large (" + dims + "; at most 2^40 floats of K or of V)");
   }
-  auto s = std::make_unique<Storage>(
-      Storage{batch, kv_heads, head_dim, value_dim, growable, dtype, {}, 0});
+  std::vector<float> k_static = cache_scales("KvCache", dtype, scales.k, "k", kv_heads);
+  std::vector<float> v_static = cache_scales("KvCache", dtype, scales.v, "v", kv_heads);
+  if (k_static.empty() != v_static.empty())
+    fail(
+        "KvCache: scales.k and scales.v must both be given (static scales) or both be empty "
+        "(per-token scales)");
+  auto s = std::make_unique<Storage>(Storage{batch, kv_heads, head_dim, value_dim, growable, dtype,
+                                             {}, 0, std::move(k_static), std::move(v_static)});
   s->t = s->grown(capacity);
   s_ = std::move(s);
 }
@@ -477,15 +488,15 @@ MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept
 const MhaConfig& MultiHeadAttention::config() const { return live(impl_, "config").cfg; }
 
 PagedKvCache MultiHeadAttention::make_paged_cache(std::int64_t num_pages, std::int64_t page_size,
-                                                  DType dtype) const {
+                                                  DType dtype, const KvScales& scales) const {
   const MhaConfig& c = live(impl_, "make_paged_cache").cfg;
-  return PagedKvCache(num_pages, page_size, c.kv_heads, c.head_dim, c.value_dim, dtype);
+  return PagedKvCache(num_pages, page_size, c.kv_heads, c.head_dim, c.value_dim, dtype, scales);
 }
 
 KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity, bool growable,
-                                       DType dtype) const {
+                                       DType dtype, const KvScales& scales) const {
   const MhaConfig& c = live(impl_, "make_cache").cfg;
-  return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable, dtype);
+  return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable, dtype, scales);
 }
 
 void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,

@@ -29,8 +29,9 @@ constexpr std::int64_t kMaxPoolFloats = std::int64_t{1} << 40;
 
 PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
                                std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
-                               DType dt)
+                               DType dt, const KvScales& scales)
     : NP(num_pages), P(page_size), Hkv(kv_heads), D(head_dim), Dv(value_dim), dtype(dt) {
+  check_cache_dtype("PagedKvCache", dtype);
   if (NP < 1 || NP > std::numeric_limits<std::int32_t>::max())
     fail("PagedKvCache: num_pages = " + std::to_string(NP) + " must be in [1, 2^31 - 1]");
   if (P < 1 || (P & (P - 1)) != 0)
@@ -38,9 +39,12 @@ PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
   if (Hkv < 1 || D < 1 || Dv < 1)
     fail("PagedKvCache: kv_heads = " + std::to_string(Hkv) + ", head_dim = " + std::to_string(D) +
          ", value_dim = " + std::to_string(Dv) + " must all be >= 1");
-  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::i8)
-    fail(std::string("PagedKvCache: dtype ") + dtype_name(dtype) +
-         " is not a cache dtype (float32, bfloat16, float16 or int8)");
+  k_static = cache_scales("PagedKvCache", dtype, scales.k, "k", Hkv);
+  v_static = cache_scales("PagedKvCache", dtype, scales.v, "v", Hkv);
+  if (k_static.empty() != v_static.empty())
+    fail(
+        "PagedKvCache: scales.k and scales.v must both be given (static scales) or both be "
+        "empty (per-token scales)");
   const std::int64_t width = std::max(D, Dv);
   if (P > kMaxPoolFloats / Hkv / width || NP > kMaxPoolFloats / (P * Hkv * width))
     fail("PagedKvCache: " + std::to_string(NP) + " pages of " + std::to_string(P) + " tokens x " +
@@ -49,7 +53,7 @@ PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
   const auto e = static_cast<std::int64_t>(dtype_size(dtype));
   k.resize(static_cast<std::size_t>(NP * Hkv * P * D * e));
   v.resize(static_cast<std::size_t>(NP * Hkv * P * Dv * e));
-  if (dtype == DType::i8) {
+  if (per_token_scales()) {
     k_scale.resize(static_cast<std::size_t>(NP * Hkv * P));
     v_scale.resize(k_scale.size());
   }
@@ -102,16 +106,16 @@ void PagedKvCache::Storage::check_input(const char* name, const TensorView& t,
   };
   detail::check_disjoint("the cache's pool", pool(k), {{name, e}});
   detail::check_disjoint("the cache's pool", pool(v), {{name, e}});
-  if (dtype != DType::i8) return;
+  if (!needs_scales(dtype)) return;
   for (std::int64_t h = 0; h < Hkv; ++h)
     for (std::int64_t l = 0; l < t.shape[1]; ++l)
       for (std::int64_t d = 0; d < width; ++d) {
         const float x =
             detail::load_as_float(t.data, t.dtype, h * t.strides[0] + l * t.strides[1] + d);
         if (!std::isfinite(x))
-          fail(std::string("PagedKvCache::append: ") + name + "[" + std::to_string(h) + "," +
-               std::to_string(l) + "," + std::to_string(d) + "] is " + std::to_string(x) +
-               ", which an int8 cache cannot hold");
+          fail_not_storable("PagedKvCache::append", name,
+                            std::to_string(h) + "," + std::to_string(l) + "," + std::to_string(d),
+                            x, dtype);
       }
 }
 
@@ -122,7 +126,7 @@ void PagedKvCache::Storage::copy_page(std::int32_t from, std::int32_t to) {
               static_cast<std::size_t>(page_bytes(D)));
   std::memcpy(v.data() + to * page_bytes(Dv), v.data() + from * page_bytes(Dv),
               static_cast<std::size_t>(page_bytes(Dv)));
-  if (dtype == DType::i8) {
+  if (per_token_scales()) {
     std::copy_n(k_scale.begin() + from * Hkv * P, Hkv * P, k_scale.begin() + to * Hkv * P);
     std::copy_n(v_scale.begin() + from * Hkv * P, Hkv * P, v_scale.begin() + to * Hkv * P);
   }
@@ -130,7 +134,7 @@ void PagedKvCache::Storage::copy_page(std::int32_t from, std::int32_t to) {
 
 void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const TensorView& t,
                                        std::vector<std::uint8_t>& pool, std::vector<float>& scale,
-                                       std::int64_t width) {
+                                       const std::vector<float>& head_scale, std::int64_t width) {
   const auto e = static_cast<std::int64_t>(dtype_size(dtype));
   std::vector<float> row(t.dtype == dtype ? 0 : static_cast<std::size_t>(width));
   for (std::int64_t l = 0; l < t.shape[1]; ++l) {
@@ -140,7 +144,8 @@ void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const T
       const std::int64_t src = h * t.strides[0] + l * t.strides[1];
       const std::int64_t slot = (page * Hkv + h) * P + tok % P;
       store_cache_row(t, src, pool.data() + slot * width * e, dtype, width,
-                      scale.empty() ? nullptr : &scale[static_cast<std::size_t>(slot)], row);
+                      scale.empty() ? nullptr : &scale[static_cast<std::size_t>(slot)],
+                      head_scale.empty() ? 1.0f : head_scale[static_cast<std::size_t>(h)], row);
     }
   }
 }
@@ -155,14 +160,16 @@ void PagedKvCache::Storage::append_checked(Seq& s, const TensorView& kt, const T
   }
   while (static_cast<std::int64_t>(s.pages.size()) * P < s.length + n)
     s.pages.push_back(take_page());
-  store_rows(s, s.length, kt, k, k_scale, D);
-  store_rows(s, s.length, vt, v, v_scale, Dv);
+  store_rows(s, s.length, kt, k, k_scale, k_static, D);
+  store_rows(s, s.length, vt, v, v_scale, v_static, Dv);
   s.length += n;
 }
 
 PagedKvCache::PagedKvCache(std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
-                           std::int64_t head_dim, std::int64_t value_dim, DType dtype)
-    : s_(std::make_unique<Storage>(num_pages, page_size, kv_heads, head_dim, value_dim, dtype)) {}
+                           std::int64_t head_dim, std::int64_t value_dim, DType dtype,
+                           const KvScales& scales)
+    : s_(std::make_unique<Storage>(num_pages, page_size, kv_heads, head_dim, value_dim, dtype,
+                                   scales)) {}
 PagedKvCache::~PagedKvCache() = default;
 PagedKvCache::PagedKvCache(PagedKvCache&&) noexcept = default;
 PagedKvCache& PagedKvCache::operator=(PagedKvCache&&) noexcept = default;
@@ -291,13 +298,15 @@ TensorView PagedKvCache::value_pages() const {
 
 std::optional<TensorView> PagedKvCache::key_page_scales() const {
   const Storage& st = Storage::live(s_, "key_page_scales");
-  if (st.dtype != DType::i8) return std::nullopt;
+  if (!needs_scales(st.dtype)) return std::nullopt;
+  if (!st.per_token_scales()) return f32_view(st.k_static.data(), {st.Hkv});
   return f32_view(st.k_scale.data(), {st.NP, st.Hkv, st.P});
 }
 
 std::optional<TensorView> PagedKvCache::value_page_scales() const {
   const Storage& st = Storage::live(s_, "value_page_scales");
-  if (st.dtype != DType::i8) return std::nullopt;
+  if (!needs_scales(st.dtype)) return std::nullopt;
+  if (!st.per_token_scales()) return f32_view(st.v_static.data(), {st.Hkv});
   return f32_view(st.v_scale.data(), {st.NP, st.Hkv, st.P});
 }
 

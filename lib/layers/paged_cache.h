@@ -13,9 +13,12 @@ namespace cpuattn {
 struct PagedKvCache::Storage {
   std::int64_t NP, P, Hkv, D, Dv;
   DType dtype;
-  // The pools [NP, Hkv, P, D] and [NP, Hkv, P, Dv] of `dtype`, as bytes; int8 scales [NP, Hkv, P].
+  // The pools [NP, Hkv, P, D] and [NP, Hkv, P, Dv] of `dtype`, as bytes; a scaled dtype's
+  // per-token scales [NP, Hkv, P], or its static scales [Hkv] (KvScales).
   std::vector<std::uint8_t> k, v;
   std::vector<float> k_scale, v_scale;
+  std::vector<float> k_static, v_static;
+  bool per_token_scales() const { return needs_scales(dtype) && k_static.empty(); }
   std::vector<std::int32_t> refs;       // sequences holding each page
   std::vector<std::int32_t> free_list;  // pages with refs 0; taken from the back
   // A sequence holds ceil(length / P) pages, no more.
@@ -29,7 +32,7 @@ struct PagedKvCache::Storage {
   std::vector<std::int64_t> lens;   // batch(): [B]
 
   Storage(std::int64_t num_pages, std::int64_t page_size, std::int64_t kv_heads,
-          std::int64_t head_dim, std::int64_t value_dim, DType dtype);
+          std::int64_t head_dim, std::int64_t value_dim, DType dtype, const KvScales& scales);
   static Storage& live(const std::unique_ptr<Storage>& s, const char* what);
   Seq& seq(std::int64_t id, const char* what);
   // Free pages that appending n tokens to s takes (with the copy of a shared last page).
@@ -45,7 +48,8 @@ struct PagedKvCache::Storage {
   void release(std::int32_t page);
   void copy_page(std::int32_t from, std::int32_t to);
   void store_rows(const Seq& s, std::int64_t first, const TensorView& t,
-                  std::vector<std::uint8_t>& pool, std::vector<float>& scale, std::int64_t width);
+                  std::vector<std::uint8_t>& pool, std::vector<float>& scale,
+                  const std::vector<float>& head_scale, std::int64_t width);
   friend class PagedKvCache;
 };
 

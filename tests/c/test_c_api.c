@@ -533,6 +533,101 @@ static void test_kv_cache_and_attention(void) {
   free(want);
 }
 
+/* Caches with static scales (C API version 4), for every scaled dtype the library lists: the
+ * loop asks the library which dtypes exist (cpuattn_dtype_name) and which take scales (only
+ * those accept them), so a new scaled dtype is tested here unchanged. Per-head scales: the
+ * scales views are [kv_heads]; attention over the contiguous and paged caches matches the
+ * reference on the same stored values. */
+static void test_scaled_caches(void) {
+  const float ks[HKV] = {0.01f, 0.02f}, vs[HKV] = {0.015f, 0.0125f};
+  float* q = random_floats(NQ, 1.0f);
+  float* k = random_floats(NK, 1.0f);
+  float* v = random_floats(NV, 1.0f);
+  float* out = filled(NO, kSentinel);
+  float* want = filled(NO, -kSentinel);
+  cpuattn_tensor tq = f32_4d(q, B, H, LQ, D), tk = f32_4d(k, B, HKV, LK, D);
+  cpuattn_tensor tv = f32_4d(v, B, HKV, LK, DV), to = f32_4d(out, B, H, LQ, DV);
+  cpuattn_tensor tw = f32_4d(want, B, H, LQ, DV);
+  int scaled = 0;
+  int d;
+  for (d = 0; strcmp(cpuattn_dtype_name((cpuattn_dtype)d), "unknown") != 0; ++d) {
+    cpuattn_kv_cache* cache = NULL;
+    cpuattn_tensor keys, values, kscales, vscales;
+    cpuattn_attention_options opts;
+    char what[64];
+    const cpuattn_status st = cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0,
+                                                             (cpuattn_dtype)d, ks, vs, HKV, &cache);
+    if (st != CPUATTN_OK) {
+      EXPECT_MESSAGE("dtype"); /* not a cache dtype, or one that takes no scales */
+      continue;
+    }
+    ++scaled;
+    EXPECT_OK(cpuattn_kv_cache_append(cache, &tk, &tv));
+    EXPECT_OK(cpuattn_kv_cache_keys(cache, &keys));
+    EXPECT_OK(cpuattn_kv_cache_values(cache, &values));
+    EXPECT_OK(cpuattn_kv_cache_key_scales(cache, &kscales));
+    EXPECT_OK(cpuattn_kv_cache_value_scales(cache, &vscales));
+    CHECK(keys.dtype == (cpuattn_dtype)d && kscales.rank == 1 && kscales.shape[0] == HKV &&
+          ((const float*)kscales.data)[1] == ks[1] && ((const float*)vscales.data)[0] == vs[0]);
+    cpuattn_attention_options_init(&opts);
+    opts.k_scales = &kscales;
+    opts.v_scales = &vscales;
+    EXPECT_OK(cpuattn_attention(&tq, &keys, &values, &to, &opts, NULL));
+    EXPECT_OK(cpuattn_reference_attention(&tq, &keys, &values, &tw, &opts));
+    snprintf(what, sizeof what, "%s cache, static scales", cpuattn_dtype_name((cpuattn_dtype)d));
+    CHECK(close_to(out, want, NO, kRtol, 3e-3, what));
+    cpuattn_kv_cache_destroy(cache);
+    {
+      /* The same through a paged cache with one scale for every head. */
+      cpuattn_paged_kv_cache* pc = NULL;
+      cpuattn_paged_kv kv;
+      int64_t seq[B];
+      int b;
+      EXPECT_OK(cpuattn_paged_kv_cache_create_scaled(32, 4, HKV, D, DV, (cpuattn_dtype)d, ks, vs,
+                                                     1, &pc));
+      for (b = 0; b < B; ++b) {
+        cpuattn_tensor kb = f32_3d(k + (size_t)b * HKV * LK * D, HKV, LK, D);
+        cpuattn_tensor vb = f32_3d(v + (size_t)b * HKV * LK * DV, HKV, LK, DV);
+        EXPECT_OK(cpuattn_paged_kv_cache_add_sequence(pc, &seq[b]));
+        EXPECT_OK(cpuattn_paged_kv_cache_append(pc, seq[b], &kb, &vb));
+      }
+      cpuattn_paged_kv_init(&kv);
+      EXPECT_OK(cpuattn_paged_kv_cache_batch(pc, seq, B, &kv));
+      CHECK(kv.k_scales.rank == 1 && kv.k_pages.dtype == (cpuattn_dtype)d);
+      EXPECT_OK(cpuattn_attention_paged(&tq, &kv, &to, NULL, NULL));
+      EXPECT_OK(cpuattn_reference_attention_paged(&tq, &kv, &tw, NULL));
+      snprintf(what, sizeof what, "%s paged cache, static scales",
+               cpuattn_dtype_name((cpuattn_dtype)d));
+      CHECK(close_to(out, want, NO, kRtol, 3e-3, what));
+      cpuattn_paged_kv_cache_destroy(pc);
+    }
+  }
+  CHECK(scaled >= 1);
+  /* Bad scales: a wrong count, a zero scale, NULL pointers with a count. */
+  {
+    cpuattn_kv_cache* cache = NULL;
+    const float zero[2] = {0.0f, 1.0f};
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, ks, vs,
+                                                 3, &cache));
+    EXPECT_MESSAGE("kv_heads");
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, zero, vs,
+                                                 2, &cache));
+    EXPECT_MESSAGE("finite and > 0");
+    EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
+                  cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, NULL, vs,
+                                                 2, &cache));
+    EXPECT_MESSAGE("k_scales");
+    CHECK(cache == NULL);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(want);
+}
+
 /* -------------------------------------------------------------------- multi-head attention */
 
 enum { DM = 16, MH = 4, MHKV = 2, HD = 4, MB = 2, T = 6 };
@@ -1423,6 +1518,7 @@ int main(void) {
   test_weights_output();
   test_contexts();
   test_kv_cache_and_attention();
+  test_scaled_caches();
   test_mha_decode_matches_forward();
   test_invalid_argument();
   test_null_pointers();

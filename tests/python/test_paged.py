@@ -182,3 +182,60 @@ def test_errors_name_the_argument_and_write_nothing():
     with pytest.raises(cpuattn.Error, match=r"k\[1,1,3\] is nan, which an int8 cache cannot hold"):
         i8.append(s, k, rand(rng, HKV, 2, DV))
     assert i8.length(s) == 0 and i8.free_pages == 4
+
+
+# Every K/V dtype of the library's list (cpuattn.kv_dtypes()), read from the list: a scaled one
+# with per-token scales and with static per-head and per-tensor ones. The fast path on the pools
+# against the float64 reference on the same stored values; the stored K/V within the type's
+# resolution of the data; the contiguous KvCache with the same scales and a decode step on it.
+def scale_modes(d):
+    if not d["scaled"]:
+        return [None]
+    return ["per_token", "per_head", "per_tensor"]
+
+
+@pytest.mark.parametrize("d, mode", [(d, m) for d in cpuattn.kv_dtypes() for m in scale_modes(d)],
+                         ids=lambda x: x["name"] if isinstance(x, dict) else str(x))
+def test_every_kv_dtype_from_the_list(d, mode):
+    rng = np.random.default_rng(9)
+    k_scale = {"per_head": [0.02, 0.03], "per_tensor": 0.025}.get(mode)
+    v_scale = {"per_head": [0.03, 0.02], "per_tensor": 0.025}.get(mode)
+    cache = cpuattn.PagedKvCache(64, P, HKV, D, DV, dtype=d["name"], k_scale=k_scale,
+                                 v_scale=v_scale)
+    seqs = [cache.add_sequence() for _ in range(2)]
+    for s, n in zip(seqs, [45, 70]):
+        cache.append(s, rand(rng, HKV, n, D), rand(rng, HKV, n, DV))
+    kw = cache.batch(seqs)
+    assert kw["kv_dtype"] == d["name"]
+    assert kw["k_pages"].dtype.itemsize == d["bytes"]
+    assert ("k_scales" in kw) == d["scaled"]
+    if mode in ("per_head", "per_tensor"):
+        assert kw["k_scales"].shape == (HKV,)
+    q = rand(rng, 2, H, 3, D)
+    out = cpuattn.attention_paged(q, **kw, is_causal="bottom_right")
+    ref = cpuattn.reference_attention_paged(q, **kw, is_causal="bottom_right")
+    # V is standard normal (|v| < 5): the fast path's f32 error, and the native units' rounding of
+    # P (2^-8 of max |v|) where the CPU has them.
+    np.testing.assert_allclose(out, ref, atol=5 * (2 ** -8 + tol(70)), rtol=0)
+    c = cpuattn.KvCache(1, HKV, D, DV, capacity=8, dtype=d["name"], k_scale=k_scale,
+                        v_scale=v_scale)
+    k = rand(rng, 1, HKV, 5, D)
+    c.append(k, rand(rng, 1, HKV, 5, DV))
+    assert c.keys().dtype.itemsize == d["bytes"]
+    assert (c.key_scales() is None) == (not d["scaled"])
+    if mode in ("per_head", "per_tensor"):
+        assert c.key_scales().shape == (HKV,)
+
+
+def test_bad_kv_dtype_and_scales_name_the_argument():
+    with pytest.raises(cpuattn.Error, match="dtype must be one of"):
+        cpuattn.PagedKvCache(8, P, HKV, D, DV, dtype="float7")
+    with pytest.raises(cpuattn.Error, match="scales are for scaled dtypes"):
+        cpuattn.KvCache(1, HKV, D, DV, capacity=8, dtype="f32", k_scale=1.0, v_scale=1.0)
+    with pytest.raises(cpuattn.Error, match="finite and > 0"):
+        cpuattn.PagedKvCache(8, P, HKV, D, DV, dtype="int8", k_scale=[1.0, -1.0], v_scale=1.0)
+    cache, seqs, _, _ = filled_cache(np.random.default_rng(4), [20], dtype="int8")
+    kw = cache.batch(seqs)
+    kw["kv_dtype"] = "f16"
+    with pytest.raises(cpuattn.Error, match="kv_dtype"):
+        cpuattn.attention_paged(rand(np.random.default_rng(5), 1, H, 1, D), **kw)
