@@ -86,55 +86,60 @@ Shape parse_shape(const std::string& text, bool causal) {
   return s;
 }
 
-DType parse_dtype(const std::string& text, const char* flag, bool allow_int8) {
-  if (text == "f32" || text == "float32") return DType::f32;
-  if (text == "bf16" || text == "bfloat16") return DType::bf16;
-  if (text == "f16" || text == "float16") return DType::f16;
-  if (allow_int8 && (text == "int8" || text == "i8")) return DType::i8;
-  throw std::invalid_argument(std::string(flag) + " '" + text + "': expected f32, bf16, f16" +
-                              (allow_int8 ? " or int8" : ""));
+DType parse_dtype(const std::string& text, const char* flag, bool kv) {
+  DType d;
+  if (cpuattn::parse_dtype(text, d) &&
+      (dtype_role(d) == DTypeRole::tensor || (kv && dtype_role(d) == DTypeRole::scaled)))
+    return d;
+  throw std::invalid_argument(std::string(flag) + " '" + text + "': expected " + dtype_choices(kv));
 }
 
-const char* short_dtype_name(DType t) {
-  switch (t) {
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i8:
-      return "int8";
-    default:
-      return "f32";
-  }
+std::string dtype_choices(bool kv) {
+  std::string names;
+  for (const std::string& n : dtype_names(kv)) names += (names.empty() ? "" : ", ") + n;
+  return names;
 }
+
+std::vector<std::string> dtype_names(bool kv) {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    if (dtype_role(d) == DTypeRole::tensor || (kv && dtype_role(d) == DTypeRole::scaled))
+      names.push_back(dtype_short_name(d));
+  }
+  return names;
+}
+
+const char* short_dtype_name(DType t) { return dtype_short_name(t); }
 
 namespace {
 
-// A tensor's values stored as `dtype`: 16-bit patterns, or int8 rows of `row` values with one
-// scale per row.
+// A tensor's values stored as `dtype`, rows of `row` values, converted as a KvCache of that
+// dtype stores them (a scaled dtype with one scale per row).
 struct StoredTensor {
   DType dtype = DType::f32;
   AlignedFloats f32, scales;
-  std::vector<std::uint16_t, Aligned64<std::uint16_t>> half;
-  std::vector<std::int8_t, Aligned64<std::int8_t>> i8;
+  std::vector<std::uint8_t, Aligned64<std::uint8_t>> bytes;
   StoredTensor(AlignedFloats x, DType t, std::int64_t row) : dtype(t) {
-    if (t == DType::bf16 || t == DType::f16) {
-      half.resize(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i)
-        half[i] = t == DType::bf16 ? to_bf16(x[i]) : to_f16(x[i]);
-    } else if (t == DType::i8) {
-      i8.resize(x.size());
-      scales.resize(x.size() / static_cast<std::size_t>(row));
-      for (std::size_t r = 0; r < scales.size(); ++r)
-        scales[r] = quantize_int8(x.data() + r * row, row, i8.data() + r * row);
-    } else {
+    if (t == DType::f32) {
       f32 = std::move(x);
+      return;
+    }
+    const auto rows = static_cast<std::int64_t>(x.size()) / row;
+    KvCache c(1, 1, row, 1, rows, false, t);
+    std::vector<float> unused(static_cast<std::size_t>(rows));
+    c.append(f32_view(x.data(), {1, 1, rows, row}), f32_view(unused.data(), {1, 1, rows, 1}));
+    const TensorView k = c.keys();
+    const auto* p = static_cast<const std::uint8_t*>(k.data);
+    bytes.assign(p, p + x.size() * dtype_size(t));
+    if (const auto ks = c.key_scales()) {
+      const auto* sp = static_cast<const float*>(ks->data);
+      scales.assign(sp, sp + rows);
     }
   }
   const void* data() const {
-    return dtype == DType::f32  ? static_cast<const void*>(f32.data())
-           : dtype == DType::i8 ? static_cast<const void*>(i8.data())
-                                : static_cast<const void*>(half.data());
+    return dtype == DType::f32 ? static_cast<const void*>(f32.data())
+                               : static_cast<const void*>(bytes.data());
   }
 };
 
@@ -191,13 +196,13 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
   if (all || variant == ScoreVariant::softcap) opts.softcap = 30.0;
   opts.alibi = all || variant == ScoreVariant::alibi;
   if (all || variant == ScoreVariant::sinks) opts.sinks = f32_view(d->sinks.data(), {s.H});
-  if (kv_dtype == DType::i8) {
+  if (needs_scales(kv_dtype)) {
     opts.k_scales = f32_view(d->k.scales.data(), {s.B, s.Hkv, s.Lk});
     opts.v_scales = f32_view(d->v.scales.data(), {s.B, s.Hkv, s.Lk});
   }
   const double kv_bytes =
       double(s.B) * s.Hkv * s.Lk *
-      (double(s.D + s.Dv) * dtype_size(kv_dtype) + (kv_dtype == DType::i8 ? 8.0 : 0.0));
+      (double(s.D + s.Dv) * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8.0 : 0.0));
   std::string dims = s.dims();
   if (variant != ScoreVariant::plain) dims += std::string(" +") + variant_name(variant);
   Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}};
@@ -337,7 +342,7 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   std::iota(d->table.begin(), d->table.end(), 0);
   std::shuffle(d->table.begin(), d->table.end(), std::mt19937(2026));
   const double kv_bytes =
-      double(kB) * kHkv * kL * (2.0 * kD * dtype_size(kv_dtype) + (kv_dtype == DType::i8 ? 8 : 0));
+      double(kB) * kHkv * kL * (2.0 * kD * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8 : 0));
   const std::string dims =
       "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
       (name == "G1c" ? std::string("contiguous") : "pages of " + std::to_string(P) + ", shuffled");
@@ -347,7 +352,7 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   if (name == "G1c") {
     c.run = [d, q, out, kv_dtype](Context& ctx) {
       AttentionOptions o;
-      if (kv_dtype == DType::i8) {
+      if (needs_scales(kv_dtype)) {
         o.k_scales = f32_view(d->k.scales.data(), {kB, kHkv, kL});
         o.v_scales = f32_view(d->v.scales.data(), {kB, kHkv, kL});
       }
@@ -361,7 +366,7 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
       kv.v_pages = TensorView::contiguous(d->v.data(), kv_dtype, {pages, kHkv, P, kD});
       kv.block_table = TensorView::contiguous(d->table.data(), DType::i32, {kB, kL / P});
       kv.seq_lens = TensorView::contiguous(d->lens.data(), DType::i64, {kB});
-      if (kv_dtype == DType::i8) {
+      if (needs_scales(kv_dtype)) {
         kv.k_scales = f32_view(d->k.scales.data(), {pages, kHkv, P});
         kv.v_scales = f32_view(d->v.scales.data(), {pages, kHkv, P});
       }
@@ -416,7 +421,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
     const double attn = 4.0 * B * kHeads * (kTokens + 1) * (kDm / kHeads);
     const double bytes =
         (weights == DType::bf16 ? 2.0 : 4.0) * 4 * kDm * kDm +
-        (double(dtype_size(kv_dtype)) * kDm + (kv_dtype == DType::i8 ? 4.0 * kHeads : 0.0)) * 2.0 *
+        (double(dtype_size(kv_dtype)) * kDm + (needs_scales(kv_dtype) ? 4.0 * kHeads : 0.0)) * 2.0 *
             B * (kTokens + 1);
     return Case{
         "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {

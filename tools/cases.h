@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cpuattn/cpuattn.h"
 #include "shapes.h"
@@ -25,10 +26,13 @@ struct Case {
   std::function<void(Context&)> run;
 };
 
-// "f32", "bf16", "f16" or "int8" (int8 only where `allow_int8`); throws std::invalid_argument
-// naming `flag` otherwise.
-DType parse_dtype(const std::string& text, const char* flag, bool allow_int8);
-// The short name parse_dtype() reads ("f32", "bf16", "f16", "int8").
+// A dtype by name (cpuattn::parse_dtype): one of Q's (f32, bf16, f16), or with `kv` any K/V dtype
+// of the library's list; throws std::invalid_argument naming `flag` and the choices.
+DType parse_dtype(const std::string& text, const char* flag, bool kv);
+// The short names parse_dtype() takes, in the list's order, and the same joined by ", ".
+std::vector<std::string> dtype_names(bool kv);
+std::string dtype_choices(bool kv);
+// The short name parse_dtype() reads ("f32", "bf16", "f16", "int8", ...).
 const char* short_dtype_name(DType t);
 
 // What a bench case adds to the scores (AttentionOptions): nothing, soft-capping at 30, the

@@ -506,10 +506,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd->add_option("--kv-dtype", opts->kv_dtypes,
-                  "K/V dtypes: f32, bf16, f16, int8 (comma list; default: the --dtype of each "
-                  "run). Every --dtype is measured with every --kv-dtype.")
+                  "K/V dtypes: " + dtype_choices(true) +
+                      " (comma list; default: the --dtype of each run). Every --dtype is measured "
+                      "with every --kv-dtype.")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
+      ->check(CLI::IsMember(dtype_names(true)));
   cmd->add_option("--variant", opts->variants,
                   "Score variants to measure on every attention shape, timed in turns: plain, "
                   "softcap (30), alibi (standard slopes), sinks (one per head), all (the three) "

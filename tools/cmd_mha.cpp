@@ -270,9 +270,9 @@ void add_mha_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->type_name("N");
   cmd->add_option("--cache-dtype", args->cache_dtype,
-                  "With --decode-steps: store the KV cache as f32, bf16, f16 or int8 (per-token "
-                  "scales; default f32)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
+                  "With --decode-steps: store the KV cache as one of " + dtype_choices(true) +
+                      " (scaled dtypes with per-token scales; default f32)")
+      ->check(CLI::IsMember(dtype_names(true)));
   cmd->add_option("--key-lengths", args->key_lengths,
                   "int32/int64 .npy of shape [B]: in batch b only keys 0..len[b]-1 are attended")
       ->type_name("LEN.npy");

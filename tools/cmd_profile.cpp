@@ -247,8 +247,8 @@ void add_profile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dtype", opts->dtype, "Q (and out) dtype: f32, bf16, f16 (default f32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd->add_option("--kv-dtype", opts->kv_dtype,
-                  "K/V dtype: f32, bf16, f16, int8 (default: --dtype)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "int8"}));
+                  "K/V dtype: " + dtype_choices(true) + " (default: --dtype)")
+      ->check(CLI::IsMember(dtype_names(true)));
   cmd->add_option("--shape", opts->shape,
                   "Named shape (S1, P1, P2, X1, D1, D2, L1, M1, M2) or B,H,Lq,Lk,D[,Hkv[,Dv]] "
                   "(default P1)");
