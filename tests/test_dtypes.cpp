@@ -472,7 +472,7 @@ TEST(KvCacheDtypes, EndToEndErrorAgainstF32Cache) {
     c32.append(f32_view(k.data(), {B, Hkv, L, D}), f32_view(v.data(), {B, Hkv, L, D}));
     attention(f32_view(q.data(), {B, H, 1, D}), c32.keys(), c32.values(),
               f32_view(ref.data(), {B, H, 1, D}));
-    for (DType dt : {DType::bf16, DType::f16, DType::i8}) {
+    for (DType dt : {DType::bf16, DType::f16, DType::i8, DType::fp8_e4m3}) {
       KvCache c(B, Hkv, D, D, L, false, dt);
       c.append(f32_view(k.data(), {B, Hkv, L, D}), f32_view(v.data(), {B, Hkv, L, D}));
       std::vector<float> got(ref.size());
@@ -491,8 +491,11 @@ TEST(KvCacheDtypes, EndToEndErrorAgainstF32Cache) {
       const double rel = err / vmax, cos = dot / std::sqrt(n1 * n2);
       std::printf("[ cache %-8s %s ] max |err| / max |V| = %.2e, cosine = %.7f\n", dtype_name(dt),
                   outliers ? "outliers" : "random  ", rel, cos);
-      EXPECT_LT(rel, dt == DType::i8 ? 2e-2 : dt == DType::bf16 ? 1e-2 : 2e-3);
-      EXPECT_GT(cos, dt == DType::i8 ? 0.999 : 0.9999);
+      EXPECT_LT(rel, dt == DType::fp8_e4m3 ? 1e-2
+                     : dt == DType::i8    ? 2e-2
+                     : dt == DType::bf16  ? 1e-2
+                                          : 2e-3);
+      EXPECT_GT(cos, dt == DType::fp8_e4m3 ? 0.995 : dt == DType::i8 ? 0.999 : 0.9999);
     }
   }
 }

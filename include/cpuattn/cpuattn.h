@@ -57,16 +57,20 @@ class CPUATTN_API Error : public std::invalid_argument {
 //   other    masks (boolean), lengths and offsets (i32, i64), the reference's f64
 // Validation, the kernels' dispatch (lib/kv/), the C API, Python and the tests all read this
 // list: a new K/V element type is one line here and one file in lib/kv/ (docs/architecture.md).
-// bf16 and f16 are stored as their 16-bit patterns, boolean as one byte (0 = false).
-#define CPUATTN_DTYPES(X)                \
-  X(f32, 4, "float32", "f32", tensor)    \
-  X(f64, 8, "float64", "f64", other)     \
-  X(bf16, 2, "bfloat16", "bf16", tensor) \
-  X(f16, 2, "float16", "f16", tensor)    \
-  X(boolean, 1, "bool", "bool", other)   \
-  X(i32, 4, "int32", "i32", other)       \
-  X(i64, 8, "int64", "i64", other)       \
-  X(i8, 1, "int8", "int8", scaled)
+// bf16 and f16 are stored as their 16-bit patterns, fp8_e4m3 (OCP FP8 E4M3, PyTorch's
+// float8_e4m3fn: no infinities, NaN 0x7f / 0xff, largest finite 448) as its byte, boolean as one
+// byte (0 = false).
+#define CPUATTN_DTYPES(X)                             \
+  X(f32, 4, "float32", "f32", tensor)                 \
+  X(f64, 8, "float64", "f64", other)                  \
+  X(bf16, 2, "bfloat16", "bf16", tensor)              \
+  X(f16, 2, "float16", "f16", tensor)                 \
+  X(boolean, 1, "bool", "bool", other)                \
+  X(i32, 4, "int32", "i32", other)                    \
+  X(i64, 8, "int64", "i64", other)                    \
+  X(i8, 1, "int8", "int8", scaled)                    \
+  X(fp8_e4m3, 1, "float8_e4m3fn", "fp8_e4m3", scaled) \
+  /* a new dtype goes on a line above this one */
 
 enum class DType : std::uint8_t {
 #define CPUATTN_DTYPE_ENUMERATOR(name, bytes, long_name, short_name, role) name,

@@ -104,7 +104,8 @@ typedef enum cpuattn_dtype {
   CPUATTN_DTYPE_BOOL = 4, /* one byte, 0 = false */
   CPUATTN_DTYPE_I32 = 5,
   CPUATTN_DTYPE_I64 = 6,
-  CPUATTN_DTYPE_I8 = 7
+  CPUATTN_DTYPE_I8 = 7,
+  CPUATTN_DTYPE_FP8_E4M3 = 8 /* OCP FP8 E4M3 (float8_e4m3fn), one byte; since C API version 4 */
 } cpuattn_dtype;
 
 /* "float32", "float64", "bfloat16", "float16", "bool", "int32", "int64", "int8"; "unknown". */

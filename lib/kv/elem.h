@@ -48,6 +48,7 @@ CPUATTN_ALWAYS_INLINE std::uint32_t float_to_bits(float f) {
 #include "kv/bf16.h"
 #include "kv/f16.h"
 #include "kv/f32.h"
+#include "kv/fp8_e4m3.h"
 #include "kv/int8.h"
 
 namespace cpuattn::detail {

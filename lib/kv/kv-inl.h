@@ -35,6 +35,7 @@ CPUATTN_NAMESPACE_END
 #include "kv/bf16.h"
 #include "kv/f16.h"
 #include "kv/f32.h"
+#include "kv/fp8_e4m3.h"
 #include "kv/int8.h"
 #undef CPUATTN_KV_TARGET_PART
 

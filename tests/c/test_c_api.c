@@ -214,8 +214,8 @@ static void test_tensor_helpers(void) {
   EXPECT_MESSAGE("rank 5");
   CHECK(t.rank == 42);
   EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
-                cpuattn_tensor_contiguous(&t, x, (cpuattn_dtype)8, 3, shape));
-  EXPECT_MESSAGE("dtype 8");
+                cpuattn_tensor_contiguous(&t, x, (cpuattn_dtype)99, 3, shape));
+  EXPECT_MESSAGE("dtype 99");
   CHECK(t.rank == 42);
   EXPECT_STATUS(CPUATTN_ERROR_NULL_POINTER,
                 cpuattn_tensor_contiguous(&t, x, CPUATTN_DTYPE_F32, 2, NULL));

@@ -1,0 +1,116 @@
+// K/V element type fp8_e4m3: OCP FP8 E4M3, PyTorch's float8_e4m3fn and vLLM's / SGLang's
+// "fp8_e4m3" KV cache. 1 sign, 4 exponent (bias 7) and 3 mantissa bits; no infinities; NaN is
+// 0x7f / 0xff; the largest finite value is 448, the smallest normal 2^-6, subnormals are
+// multiples of 2^-9. A scaled type: the value computed with is float(x) * scale, rounded to f32,
+// the scale per token (the caches' default, max|x| / 448), per K/V head or per tensor (vLLM's
+// k_scale / v_scale). See kv/elem.h for the two parts of a type file.
+//
+// Error of storing x with scale s: x / s is rounded to nearest even and saturated to +-448, so
+// within 448 s the stored value is within 2^-4 |x| (half a unit of the 3-bit mantissa) where
+// |x| >= 2^-6 s, and within 2^-10 s below (half a subnormal step); beyond 448 s it is 448 s.
+#ifndef CPUATTN_KV_FP8_E4M3_H_
+#define CPUATTN_KV_FP8_E4M3_H_
+
+#include <cmath>
+#include <cstdint>
+
+namespace cpuattn::detail {
+
+struct Fp8E4M3 {
+  std::uint8_t bits;
+};
+
+// fp8_e4m3 -> f32 is exact.
+CPUATTN_ALWAYS_INLINE float fp8_e4m3_to_f32(std::uint8_t b) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+  const std::uint32_t mag = b & 0x7fu;
+  if (mag == 0x7fu) return bits_to_float(sign | 0x7fc00000u);  // NaN
+  const std::uint32_t exp = mag >> 3, man = mag & 7u;
+  if (exp == 0) {  // zero or subnormal: man * 2^-9
+    const float v = static_cast<float>(man) * 0x1p-9f;
+    return sign != 0 ? -v : v;
+  }
+  return bits_to_float(sign | ((exp + 120u) << 23) | (man << 20));  // exponent 7 -> 127
+}
+
+// f32 -> fp8_e4m3, round to nearest even, saturated to +-448 (infinities too); NaN -> NaN.
+CPUATTN_ALWAYS_INLINE std::uint8_t f32_to_fp8_e4m3(float f) {
+  const std::uint32_t u = float_to_bits(f);
+  const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7fu;   // NaN
+  if (a >= 0x43e00000u) return sign | 0x7eu;  // >= 448: saturate
+  if (a < 0x3c800000u) {
+    // Below 2^-6: the nearest multiple of 2^-9, ties to even (8 * 2^-9 is 2^-6, encoded as 8).
+    const float steps = bits_to_float(a) * 512.0f;  // exact (power of two)
+    return sign | static_cast<std::uint8_t>(std::nearbyint(steps));
+  }
+  // Normal: rebias the exponent, round the 20 dropped mantissa bits to nearest even (a carry into
+  // the exponent is the correct result; below 448 it cannot reach the NaN pattern).
+  const std::uint32_t r = a - 0x3c000000u;  // exponent 127 -> 7
+  const std::uint32_t rounded = r + 0x7ffffu + ((r >> 20) & 1u);
+  return sign | static_cast<std::uint8_t>(rounded >> 20);
+}
+
+template <>
+struct ElemOf<DType::fp8_e4m3> {
+  using type = Fp8E4M3;
+};
+template <>
+struct ElemTraits<Fp8E4M3> {
+  static constexpr DType kDType = DType::fp8_e4m3;
+  static constexpr bool kScaled = true;
+  static constexpr NativeDot kNative = NativeDot::none;
+  static CPUATTN_ALWAYS_INLINE float ToFloat(Fp8E4M3 x) { return fp8_e4m3_to_f32(x.bits); }
+  static constexpr float kMaxStored = 448.0f;
+  static CPUATTN_ALWAYS_INLINE Fp8E4M3 Quantize(float y) { return {f32_to_fp8_e4m3(y)}; }
+};
+
+}  // namespace cpuattn::detail
+
+#endif  // CPUATTN_KV_FP8_E4M3_H_
+
+#ifdef CPUATTN_KV_TARGET_PART
+CPUATTN_NAMESPACE_BEGIN
+
+// The byte sign-extended to 32 bits and shifted left by 20 is sign | exponent | mantissa of the
+// f32 whose bits they are, 2^-120 times the value (subnormal bytes give f32 subnormals, whose
+// product is exact too); times 2^120 (exact) gives the value. The NaN pattern (magnitude 0x7f)
+// becomes all ones, an f32 NaN. Four integer and one float operation per vector, about int8's
+// widening: a conversion through binary16 (vcvtph2ps) measured 1.45x int8's D2 time on an AVX2
+// EPYC (docs/performance.md).
+template <class O>
+CPUATTN_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
+#if CPUATTN_SIMD_BITS == 512
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i h =
+      _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_slli_epi32(v, 25),
+                                                _mm512_set1_epi32(static_cast<int>(0xfe000000u)));
+  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(h), _mm512_set1_ps(0x1p120f));
+  return O::FromRaw(_mm512_mask_blend_ps(nan, f, _mm512_castsi512_ps(_mm512_set1_epi32(-1))));
+#elif CPUATTN_SIMD_BITS == 256
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h =
+      _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
+  const __m256i nan = _mm256_cmpeq_epi32(_mm256_slli_epi32(v, 25),
+                                         _mm256_set1_epi32(static_cast<int>(0xfe000000u)));
+  const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(h), _mm256_set1_ps(0x1p120f));
+  return O::FromRaw(_mm256_or_ps(f, _mm256_castsi256_ps(nan)));
+#elif CPUATTN_SIMD_BITS == 128
+  std::int32_t four;
+  std::memcpy(&four, p, 4);
+  const __m128i v = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(four));
+  const __m128i h =
+      _mm_and_si128(_mm_slli_epi32(v, 20), _mm_set1_epi32(static_cast<int>(0x87f00000u)));
+  const __m128i nan =
+      _mm_cmpeq_epi32(_mm_slli_epi32(v, 25), _mm_set1_epi32(static_cast<int>(0xfe000000u)));
+  const __m128 f = _mm_mul_ps(_mm_castsi128_ps(h), _mm_set1_ps(0x1p120f));
+  return O::FromRaw(_mm_or_ps(f, _mm_castsi128_ps(nan)));
+#else
+  return WidenViaMemory<O>(p);
+#endif
+}
+
+CPUATTN_NAMESPACE_END
+#endif  // CPUATTN_KV_TARGET_PART
