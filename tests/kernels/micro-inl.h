@@ -7,10 +7,15 @@
 #endif
 
 #include "kernels/common/mask-inl.h"
+#include "kernels/flash/epilogue-inl.h"
 #include "kernels/flash/kv_pack-inl.h"
+#include "kernels/flash/merge-inl.h"
 #include "kernels/flash/pv-inl.h"
+#include "kernels/flash/q_pack-inl.h"
 #include "kernels/flash/score_tile-inl.h"
 #include "kernels/flash/softmax-inl.h"
+#include "kernels/flash/stream_dot-inl.h"
+#include "kernels/flash/stream_runs-inl.h"
 #include "micro.h"
 #include "simd/math-inl.h"
 #include "simd/target_namespace.h"
@@ -72,6 +77,76 @@ void MicroSoftmaxRow(float* srow, std::int64_t ncols, float* m, float* lrow, flo
   OnlineSoftmaxRow<Ops>(srow, ncols, *m, lrow, arow, dvp);
 }
 
+void MicroWiden(DType dtype, const void* in, float* out, std::size_t n) {
+  detail::with_elem(dtype, [&](auto e) {
+    using T = decltype(e);
+    const T* x = static_cast<const T*>(in);
+    constexpr std::size_t N = Ops::kLanes;
+    std::size_t i = 0;
+    for (; i + N <= n; i += N) Ops::StoreU(LoadWide<Ops>(x + i), out + i);
+    if (i < n) {
+      alignas(64) float tail[N];
+      Ops::Store(LoadWidePartial<Ops>(x + i, static_cast<std::int64_t>(n - i)), tail);
+      for (std::size_t j = i; j < n; ++j) out[j] = tail[j - i];
+    }
+  });
+}
+
+void MicroPackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+                std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp) {
+  PackQ<Ops>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
+}
+
+void MicroStreamDot(DType kdt, int R, const float* qp, std::int64_t qs, std::int64_t D,
+                    const void* k, std::int64_t ks, std::int64_t nk, const float* kscale,
+                    std::int64_t kss, float* s, std::int64_t s_stride) {
+  detail::with_elem(kdt, [&](auto e) {
+    using T = decltype(e);
+    DotScores<Ops, false, T>(R, qp, qs, D, static_cast<const T*>(k), ks, nk, kscale, kss, s,
+                             s_stride);
+  });
+}
+
+void MicroStreamRuns(DType kdt, int R, const float* qp, std::int64_t qs, std::int64_t D, int nruns,
+                     const void* const* k, const float* const* kscale, const std::int64_t* off,
+                     const std::int64_t* n, std::int64_t ks, std::int64_t kss, float* s,
+                     std::int64_t s_stride) {
+  detail::with_elem(kdt, [&](auto e) {
+    using T = decltype(e);
+    KeyRun<T> runs[16];
+    for (int i = 0; i < nruns; ++i)
+      runs[i] = {static_cast<const T*>(k[i]),
+                 kscale[i],
+                 static_cast<const char*>(k[i]),
+                 off[i],
+                 n[i],
+                 n[i]};
+    DotScoresRuns<Ops, false, T>(R, qp, qs, D, runs, nruns, 0, ks, kss, s, s_stride, 0, 0);
+  });
+}
+
+void MicroPvRuns(DType vdt, int R, int C, const float* p, std::int64_t p_stride, int nruns,
+                 const void* const* v, const std::int64_t* j0, const std::int64_t* n,
+                 std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride) {
+  detail::with_elem(vdt, [&](auto e) {
+    using T = decltype(e);
+    VRun<T> runs[16];
+    for (int i = 0; i < nruns; ++i) runs[i] = {static_cast<const T*>(v[i]), j0[i], n[i]};
+    PvRows<Ops, T>(R, C, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
+  });
+}
+
+void MicroWriteRow(const detail::Problem& p, detail::OutUnit unit, float m, float l, float sink,
+                   const float* arow, std::int64_t b, std::int64_t h, std::int64_t i) {
+  WriteRow<Ops>(p, unit, detail::RowState{m, l, sink}, arow, b, h, i);
+  if (unit == detail::OutUnit::f32_stream) Ops::StreamFence();
+}
+
+void MicroMergeRows(const detail::Problem& p, const detail::Plan& pl, std::int64_t row0,
+                    std::int64_t row1, float* buf) {
+  MergeRows<Ops>(p, pl, row0, row1, buf);
+}
+
 const detail::MicroKernels* GetMicroKernels() {
   static const detail::MicroKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
                                           .provider = simd::ProviderOf(Ops::kProvider),
@@ -88,7 +163,14 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .score_tile = &MicroScoreTile,
                                           .pv_tile = &MicroPvTile,
                                           .pack_kv = &MicroPackKV,
-                                          .softmax_row = &MicroSoftmaxRow};
+                                          .softmax_row = &MicroSoftmaxRow,
+                                          .widen = &MicroWiden,
+                                          .pack_q = &MicroPackQ,
+                                          .stream_dot = &MicroStreamDot,
+                                          .stream_runs = &MicroStreamRuns,
+                                          .pv_runs = &MicroPvRuns,
+                                          .write_row = &MicroWriteRow,
+                                          .merge_rows = &MicroMergeRows};
   return &table;
 }
 

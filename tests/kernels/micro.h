@@ -11,6 +11,7 @@
 #include "core/problem.h"
 #include "cpuattn/cpuattn.h"
 #include "dispatch/dispatch.h"
+#include "kernels/flash/config.h"
 
 namespace cpuattn::detail {
 
@@ -40,6 +41,34 @@ struct MicroKernels {
   // One online-softmax step of a row (flash softmax-inl.h); lrow holds lanes partial sums.
   void (*softmax_row)(float* srow, std::int64_t ncols, float* m, float* lrow, float* arow,
                       std::int64_t dvp);
+  // n elements of a K/V dtype widened to f32 (kv/<type>.h LoadWide: whole vectors, then
+  // LoadWidePartial for the tail).
+  void (*widen)(DType dtype, const void* in, float* out, std::size_t n);
+  // QUnit::f32 (q_pack-inl.h): rows of a query block into Qp, scaled, row stride qs.
+  void (*pack_q)(const Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+                 std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp);
+  // ScoreUnit::dot (stream_dot-inl.h, DotScores): s[r][j] = qp[r] . K[j] (times kscale[j * kss]
+  // when kscale is not null), K rows of `kdt` ks elements apart.
+  void (*stream_dot)(DType kdt, int R, const float* qp, std::int64_t qs, std::int64_t D,
+                     const void* k, std::int64_t ks, std::int64_t nk, const float* kscale,
+                     std::int64_t kss, float* s, std::int64_t s_stride);
+  // ScoreUnit::dot_runs (stream_runs-inl.h, DotScoresRuns): run i has n[i] keys from k[i], with
+  // scales from kscale[i] (or none), scores at s + off[i].
+  void (*stream_runs)(DType kdt, int R, const float* qp, std::int64_t qs, std::int64_t D, int nruns,
+                      const void* const* k, const float* const* kscale, const std::int64_t* off,
+                      const std::int64_t* n, std::int64_t ks, std::int64_t kss, float* s,
+                      std::int64_t s_stride);
+  // PvUnit::runs (pv-inl.h, PvRows over VRuns): acc[R][C vectors] += p[R][keys of the runs] .
+  // V[key][c0 ..], run i's n[i] rows from v[i] (v_stride elements apart) holding keys j0[i]...
+  void (*pv_runs)(DType vdt, int R, int C, const float* p, std::int64_t p_stride, int nruns,
+                  const void* const* v, const std::int64_t* j0, const std::int64_t* n,
+                  std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride);
+  // The output epilogue (epilogue-inl.h, WriteRow) of row (b, h, i) from state (m, l, sink).
+  void (*write_row)(const Problem& p, OutUnit unit, float m, float l, float sink, const float* arow,
+                    std::int64_t b, std::int64_t h, std::int64_t i);
+  // The split-key merge (merge-inl.h, MergeRows) of rows [row0, row1); buf holds Dv floats.
+  void (*merge_rows)(const Problem& p, const Plan& pl, std::int64_t row0, std::int64_t row1,
+                     float* buf);
 };
 
 const MicroKernels& micro_kernels(const Choice& choice);

@@ -16,12 +16,12 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// Copies the block's query rows, Qp[row][0:D] (row stride qs, zero-padded to it), scaled by
-// scale * log2(e) so that the softmax runs in base 2. Row-major, not transposed: the score
-// micro-kernel broadcasts one float per row and d from R row pointers (6 with AVX-512, which fit
-// the general registers), and the copy is then a load, a multiply and a store per vector. (Against
-// the transposed Qp[d][row] it replaces, measured: S1 +5-14%, and the score tile on L1 data from
-// 87% to 90% of the FMA probe.)
+// Copies the block's query rows (row r is position pos0 + r / nh, head h0 + r % nh of batch b),
+// Qp[r][0:D] = Q * qscale (qscale = scale * log2(e), so that the softmax runs in base 2), zero from
+// D to the row stride qs. Qp is vector-aligned and qs a whole number of vectors (TaskScratch).
+// Row-major, not transposed: the score micro-kernel broadcasts one float per row and d from R row
+// pointers (6 with AVX-512, which fit the general registers), and the copy is then a load, a
+// multiply and a store per vector (docs/performance.md#dm-pack-q-row-major).
 template <class O, class T>
 void PackQAs(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
              std::int64_t pos0, int rows, float qscale, std::int64_t qs,

@@ -1,0 +1,34 @@
+// Entry points to the native units of the avx512_bf16 unit (lib/kernels/flash/x86/), for
+// tests/kernels/test_native_units.cpp: micro_native.cc compiles them with the library's native
+// flags (AVX-512 + AVX512-BF16 + AVX512-VNNI); the tests run them only where CPUID reports the
+// extensions (active_bf16_path() is "avx512_bf16"). Each runs one unit on one K/V block of a
+// Problem whose Q, K and V the test fills (batch 0, K/V head 0, keys [0, nk)).
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.h"
+
+namespace cpuattn::detail {
+
+struct NativeMicroKernels {
+  // ScoreUnit::tile_bf16: Q rows (bf16, heads [0, rows) at position 0) packed as pairs, K packed
+  // as panels, s[r][0, nk rounded to panels) = qscale * q_r . k_j.
+  void (*tile_scores)(const Problem& p, int rows, std::int64_t nk, float qscale, float* s,
+                      std::int64_t s_stride);
+  // PvUnit::tile_bf16: acc[r][0, Dv) += P[r] (rounded to bf16) . V, V packed as pairs.
+  void (*tile_pv)(const Problem& p, int rows, std::int64_t nk, const float* pr,
+                  std::int64_t p_stride, float* acc, std::int64_t acc_stride);
+  // QUnit::f32_hilo + ScoreUnit::dot: f32 Qp rows (vector-aligned, stride qs) split into bf16
+  // hi + lo, s[r][j] = qp_r . k_j over bf16 K rows in place (DotScores with the hi/lo dot).
+  void (*hilo_scores)(int rows, float* qp, std::int64_t qs, const Problem& p, std::int64_t nk,
+                      float* s, std::int64_t s_stride);
+  // PvUnit::runs_bf16 (bf16 V) or runs_vnni (int8 V with its scales), then the column order
+  // restored: acc[r][0, Dv) += P[r] . V; P rows are overwritten (scaled, rounded).
+  void (*pv_runs)(const Problem& p, int rows, std::int64_t nk, float* pr, std::int64_t p_stride,
+                  float* acc, std::int64_t acc_stride);
+};
+
+const NativeMicroKernels& native_micro_kernels();
+
+}  // namespace cpuattn::detail

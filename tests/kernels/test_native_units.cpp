@@ -1,0 +1,217 @@
+// The native units of the avx512_bf16 unit (lib/kernels/flash/x86/) against double precision on
+// the same stored values, with the error each states (docs/precision.md): the bf16 tiles (Q K^T of
+// bf16 pairs is exact per product; P V rounds P to bf16, 2^-8 of each term), the hi/lo decoding dot
+// (2^-16 of sum |q k|), and the decoding P V runs over bf16 V (P rounded, 2^-8) and int8 V on VNNI
+// (each weight within 2^-16 of the row's largest, so nk 2^-16 max|w| max|v|). Run where the CPU
+// has AVX512-BF16 and VNNI (skipped elsewhere, with the reason).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "cpuattn/cpuattn.h"
+#include "micro_native.h"
+
+namespace cpuattn::test {
+namespace {
+
+const double kEps = std::numeric_limits<float>::epsilon();
+
+bool have_native() { return std::string(active_bf16_path()) == "avx512_bf16"; }
+
+// Floats from a 64-byte boundary (the units' aligned operands), zero-filled.
+struct Aligned {
+  std::vector<float> buf;
+  explicit Aligned(std::size_t n) : buf(n + 16, 0.0f) {}
+  float* data() {
+    return buf.data() + (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / 4;
+  }
+};
+
+std::vector<float> uniform(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> x(n);
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
+// n bf16 values (rounded from uniform [-1, 1)) as bits, and their exact values.
+struct Bf16Rows {
+  std::vector<std::uint16_t> bits;
+  std::vector<float> value;
+  Bf16Rows(std::size_t n, std::uint32_t seed) {
+    for (float x : uniform(n, seed)) {
+      bits.push_back(to_bf16(x));
+      value.push_back(from_bf16(bits.back()));
+    }
+  }
+};
+
+// A problem of one batch and one K/V head: Q [rows heads, 1 position, D], K [nk, D], V [nk, Dv],
+// contiguous rows.
+detail::Problem problem(std::int64_t rows, std::int64_t nk, std::int64_t D, std::int64_t Dv,
+                        const void* q, DType qd, const void* k, const void* v, DType kvd) {
+  detail::Problem p;
+  p.B = 1, p.H = rows, p.Hkv = 1, p.Lq = 1, p.Lk = nk, p.D = D, p.Dv = Dv, p.group = rows;
+  p.q.data = q, p.q.dtype = qd, p.q.s[1] = D, p.q.s[2] = D;
+  p.k.data = k, p.k.dtype = kvd, p.k.s[2] = D;
+  p.v.data = v, p.v.dtype = kvd, p.v.s[2] = Dv;
+  return p;
+}
+
+TEST(NativeUnits, TileScoresMatchDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  const auto& k = detail::native_micro_kernels();
+  for (int rows : {1, 5, 6, 13})
+    for (std::int64_t D : {1, 31, 64, 130})
+      for (std::int64_t nk : {1, 63, 65, 128}) {
+        const Bf16Rows q(rows * D, 1), kv(nk * D, 2);
+        const detail::Problem p = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
+                                          kv.bits.data(), kv.bits.data(), DType::bf16);
+        const std::int64_t ncols = (nk + 63) / 64 * 64;
+        Aligned s(rows * ncols);
+        const float qscale = 0.125f;
+        k.tile_scores(p, rows, nk, qscale, s.data(), ncols);
+        for (int r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < nk; ++j) {
+            double want = 0, mag = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              const double t = double(q.value[r * D + d]) * kv.value[j * D + d];
+              want += t;
+              mag += std::abs(t);
+            }
+            ASSERT_LE(std::abs(s.data()[r * ncols + j] - qscale * want),
+                      (D + 2) * kEps * qscale * mag + 1e-30)
+                << "rows " << rows << " D " << D << " nk " << nk << ": row " << r << " key " << j;
+          }
+      }
+}
+
+// P V with P rounded to bf16: each term p v within 2^-8 |p v|, plus f32 sums.
+TEST(NativeUnits, TilePvMatchesDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  const auto& k = detail::native_micro_kernels();
+  for (int rows : {1, 6, 7})
+    for (std::int64_t Dv : {1, 40, 64, 100})
+      for (std::int64_t nk : {1, 2, 63, 128}) {
+        const Bf16Rows v(nk * Dv, 3);
+        const detail::Problem p = problem(rows, nk, 1, Dv, v.bits.data(), DType::bf16,
+                                          v.bits.data(), v.bits.data(), DType::bf16);
+        const std::int64_t ncols = (nk + 63) / 64 * 64, dvp = (Dv + 15) / 16 * 16;
+        Aligned pr(rows * ncols), acc(rows * dvp);
+        const auto pv = uniform(rows * nk, 4, 0.0f, 1.0f);
+        for (int r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < nk; ++j) pr.data()[r * ncols + j] = pv[r * nk + j];
+        k.tile_pv(p, rows, nk, pr.data(), ncols, acc.data(), dvp);
+        for (int r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < Dv; ++c) {
+            double want = 0, mag = 0;
+            for (std::int64_t j = 0; j < nk; ++j) {
+              const double t = double(pv[r * nk + j]) * v.value[j * Dv + c];
+              want += t;
+              mag += std::abs(t);
+            }
+            ASSERT_LE(std::abs(acc.data()[r * dvp + c] - want),
+                      (std::ldexp(1.0, -8) + (nk + 2) * kEps) * mag + 1e-30)
+                << "rows " << rows << " Dv " << Dv << " nk " << nk << ": row " << r << " col " << c;
+          }
+      }
+}
+
+// The decoding dot with Q split into bf16 hi + lo: within 2^-16 sum |q k| of the f32 product.
+TEST(NativeUnits, HiLoScoresMatchDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  const auto& k = detail::native_micro_kernels();
+  for (int rows : {2, 3, 6, 8})
+    for (std::int64_t D : {1, 30, 64, 128, 131})
+      for (std::int64_t nk : {1, 4, 7, 33}) {
+        const Bf16Rows kv(nk * D, 5);
+        const detail::Problem p = problem(rows, nk, D, D, nullptr, DType::f32, kv.bits.data(),
+                                          kv.bits.data(), DType::bf16);
+        const std::int64_t qs = (D + 15) / 16 * 16 + (D + 31) / 32 * 32;  // TaskScratch's
+        Aligned qp(rows * qs), s(rows * nk);
+        const auto q = uniform(rows * D, 6);
+        for (int r = 0; r < rows; ++r)
+          for (std::int64_t d = 0; d < D; ++d) qp.data()[r * qs + d] = q[r * D + d];
+        k.hilo_scores(rows, qp.data(), qs, p, nk, s.data(), nk);
+        for (int r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < nk; ++j) {
+            double want = 0, mag = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              const double t = double(q[r * D + d]) * kv.value[j * D + d];
+              want += t;
+              mag += std::abs(t);
+            }
+            ASSERT_LE(std::abs(s.data()[r * nk + j] - want),
+                      (std::ldexp(1.0, -16) + (D + 2) * kEps) * mag + 1e-30)
+                << "rows " << rows << " D " << D << " nk " << nk << ": row " << r << " key " << j;
+          }
+      }
+}
+
+// The decoding P V runs: bf16 V (P rounded to bf16) and int8 V with per-key scales on VNNI
+// (weights p_j vscale_j quantized against the row's largest: nk 2^-16 max|w| max|v|), in natural
+// column order afterwards.
+TEST(NativeUnits, PvRunsMatchDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  const auto& k = detail::native_micro_kernels();
+  for (DType vd : {DType::bf16, DType::i8})
+    for (int rows : {2, 5, 8})
+      for (std::int64_t Dv : {32, 64, 96, 128})
+        for (std::int64_t nk : {1, 2, 17, 128}) {
+          std::vector<std::uint16_t> v16;
+          std::vector<std::int8_t> v8;
+          std::vector<float> value(nk * Dv), vscale(nk);
+          const auto x = uniform(nk * Dv, 7);
+          if (vd == DType::bf16) {
+            for (float f : x) v16.push_back(to_bf16(f));
+            for (std::int64_t i = 0; i < nk * Dv; ++i) value[i] = from_bf16(v16[i]);
+          } else {
+            v8.resize(nk * Dv);
+            for (std::int64_t j = 0; j < nk; ++j) {
+              vscale[j] = quantize_int8(x.data() + j * Dv, Dv, v8.data() + j * Dv);
+              for (std::int64_t c = 0; c < Dv; ++c)
+                value[j * Dv + c] = float(v8[j * Dv + c]) * vscale[j];
+            }
+          }
+          const void* vdata = vd == DType::bf16 ? static_cast<const void*>(v16.data()) : v8.data();
+          detail::Problem p = problem(rows, nk, 1, Dv, nullptr, DType::f32, vdata, vdata, vd);
+          if (vd == DType::i8) p.v_scale = vscale.data(), p.v_scale_s[2] = 1;
+          const std::int64_t ncols = (nk + 63) / 64 * 64;
+          Aligned pr(rows * ncols), acc(rows * Dv);
+          const auto pv = uniform(rows * nk, 8, 0.0f, 1.0f);
+          for (int r = 0; r < rows; ++r)
+            for (std::int64_t j = 0; j < nk; ++j) pr.data()[r * ncols + j] = pv[r * nk + j];
+          k.pv_runs(p, rows, nk, pr.data(), ncols, acc.data(), Dv);
+          for (int r = 0; r < rows; ++r) {
+            // int8: the weights w_j = p_j vscale_j, each within 2^-16 max|w| after quantization,
+            // times |q_j| <= 127.
+            double wmax = 0;
+            for (std::int64_t j = 0; j < nk; ++j)
+              wmax = std::max(wmax, pv[r * nk + j] * double(vd == DType::i8 ? vscale[j] : 1.0f));
+            for (std::int64_t c = 0; c < Dv; ++c) {
+              double want = 0, mag = 0;
+              for (std::int64_t j = 0; j < nk; ++j) {
+                const double t = double(pv[r * nk + j]) * value[j * Dv + c];
+                want += t;
+                mag += std::abs(t);
+              }
+              const double tol = vd == DType::bf16 ? (std::ldexp(1.0, -8) + (nk + 2) * kEps) * mag
+                                                   : nk * std::ldexp(1.0, -16) * wmax * 127.0 +
+                                                         (nk + 2) * kEps * mag;
+              ASSERT_LE(std::abs(acc.data()[r * Dv + c] - want), tol + 1e-30)
+                  << dtype_name(vd) << " rows " << rows << " Dv " << Dv << " nk " << nk << ": row "
+                  << r << " col " << c;
+            }
+          }
+        }
+}
+
+}  // namespace
+}  // namespace cpuattn::test
