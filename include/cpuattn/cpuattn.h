@@ -233,12 +233,12 @@ struct AttentionOptions {
   std::optional<TensorView> mask;
   // i32 or i64, shape [B], every value in [0, Lk].
   std::optional<TensorView> key_lengths;
-  // Required when K (resp. V) is i8, and only then: f32 [B, Hkv, Lk], one scale per token of
-  // each K/V head. The value computed with is float(k) * scale (rounded to f32): symmetric int8
-  // as KvCache stores it.
+  // Required when K (resp. V) has a scaled dtype (i8, fp8_e4m3), and only then: f32 [B, Hkv, Lk]
+  // (one scale per token of each K/V head, as KvCache stores int8 by default), [Hkv] (per head)
+  // or [1] (per tensor). The value computed with is float(k) * scale, rounded to f32.
   std::optional<TensorView> k_scales;
   std::optional<TensorView> v_scales;
-  // The variants below act on each score in this order (docs: README "Attention variants"), for
+  // The variants below act on each score in this order (docs/api.md, "Attention variants"), for
   // query i at position p(i) = i + Lk - Lq among the keys (bottom-right aligned, as
   // Causal::bottom_right) and key j:
   //   1. s = scale * q.k
@@ -340,11 +340,12 @@ class CPUATTN_API Context {
 CPUATTN_API Context& default_context();
 
 // The fused fast path. Deterministic: the result does not depend on the number of threads.
-// Dtypes: Q f32, bf16 or f16; K and V the same dtype, f32, bf16, f16 or i8 (with k_scales and
-// v_scales); out f32, bf16 or f16 (rounded to nearest even); lse f32. Inputs are converted once,
+// Dtypes: Q f32, bf16 or f16; K and V the same dtype, any K/V dtype of the list (a scaled one,
+// i8 or fp8_e4m3, with k_scales and v_scales); out f32, bf16 or f16 (rounded to nearest even);
+// lse f32. Inputs are converted once,
 // while a tile is packed; scores, softmax and accumulation are f32. With bf16 Q, K and V on a
 // CPU with AVX512-BF16 (target avx512_bf16), Q K^T and P V run on vdpbf16ps, with P rounded to
-// bf16; the error bounds of each path are in the README ("Reduced precision"). When opts.weights is
+// bf16; the error bounds of each path are in docs/precision.md. When opts.weights is
 // requested, the call runs reference_attention() instead (the [B, H, Lq, Lk] weights defeat fusion
 // anyway): out, lse and weights then come from double precision, at the reference's speed and with
 // its O(Lq * Lk) work per head.
@@ -363,8 +364,8 @@ CPUATTN_API void reference_attention(const TensorView& q, const TensorView& k, c
 // non-decreasing, ending at total_q / total_k): sequence b is rows [cu[b], cu[b + 1]) and attends
 // only to its own keys. Every option applies per sequence (causal and the window are aligned to
 // each sequence's own Lq and Lk) except mask, key_lengths and weights, which are errors here.
-// lse, if given, is f32 [H, total_q] (FlashAttention's layout); int8 K/V take k_scales /
-// v_scales f32 [Hkv, total_k].
+// lse, if given, is f32 [H, total_q] (FlashAttention's layout); scaled K/V take k_scales /
+// v_scales f32 [Hkv, total_k], [Hkv] or [1].
 // A sequence with no queries is skipped; one with queries but no keys gives out 0 (lse -inf, or
 // its sink). The sequences run as one set of tasks on the context's threads.
 CPUATTN_API void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -380,11 +381,12 @@ CPUATTN_API void reference_attention_varlen(const TensorView& q, const TensorVie
 
 // A paged KV cache as attention() reads it in place (vLLM's layout): the keys and values of B
 // sequences stored in pages of P tokens (P a power of two) drawn from one pool,
-//   k_pages [num_pages, Hkv, P, D], v_pages [num_pages, Hkv, P, Dv]: f32, bf16, f16 or i8 (one
-//   dtype) block_table int32 [B, max_pages]: token j of sequence b is row j % P of page
-//   block_table[b, j / P] seq_lens int32 or int64 [B]: sequence b holds tokens [0, seq_lens[b]), at
-//   most max_pages * P k_scales, v_scales: f32 [num_pages, Hkv, P], required exactly when the pages
-//   are i8
+//   k_pages [num_pages, Hkv, P, D], v_pages [num_pages, Hkv, P, Dv]: one K/V dtype
+//   block_table int32 [B, max_pages]: token j of sequence b is row j % P of page
+//     block_table[b, j / P]
+//   seq_lens int32 or int64 [B]: sequence b holds tokens [0, seq_lens[b]), at most max_pages * P
+//   k_scales, v_scales: f32 [num_pages, Hkv, P], [Hkv] or [1], required exactly when the pages
+//     have a scaled dtype (i8, fp8_e4m3)
 // Only the first ceil(seq_lens[b] / P) entries of a table row are read, and each must be in
 // [0, num_pages); the rest may hold anything (-1, say). Sequences may share pages (a common
 // prefix). PagedKvCache (layers.h) manages such a pool.

@@ -10,8 +10,8 @@ namespace cpuattn::detail {
 
 namespace {
 thread_local Recorder* t_current = nullptr;
-// Spans one thread slot keeps per call (2^16 * 32 bytes = 2 MiB): a P1 call at 2 threads makes
-// about 21,000 per slot.
+// Spans one thread slot keeps per call (2^16 * 32 bytes = 2 MiB): room for a P1-sized call's
+// spans (docs/performance.md#dm-spans-per-slot).
 constexpr std::size_t kMaxSpansPerSlot = std::size_t{1} << 16;
 std::mutex g_slot_mutex;
 }  // namespace

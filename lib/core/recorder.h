@@ -33,8 +33,9 @@ namespace cpuattn::detail {
 
 inline constexpr bool kInstrumented = CPUATTN_INSTRUMENT != 0;
 
-// The time-stamp counter where there is one (a read costs ~20 cycles; its rate is calibrated
-// against the steady clock over each call), else the steady clock in ns.
+// The time-stamp counter where there is one (a read costs a few tens of cycles,
+// docs/performance.md#dm-tsc-read-cost; its rate is calibrated against the steady clock over each
+// call), else the steady clock in ns.
 std::uint64_t steady_ticks();
 CPUATTN_ALWAYS_INLINE std::uint64_t ticks() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -76,9 +76,8 @@ CPUATTN_NAMESPACE_BEGIN
 // The byte sign-extended to 32 bits and shifted left by 20 is sign | exponent | mantissa of the
 // f32 whose bits they are, 2^-120 times the value (subnormal bytes give f32 subnormals, whose
 // product is exact too); times 2^120 (exact) gives the value. The NaN pattern (magnitude 0x7f)
-// becomes all ones, an f32 NaN. Four integer and one float operation per vector, about int8's
-// widening: a conversion through binary16 (vcvtph2ps) measured 1.45x int8's D2 time on an AVX2
-// EPYC (docs/performance.md).
+// becomes all ones, an f32 NaN. Four integer and two float operations per vector; a conversion
+// through binary16 (vcvtph2ps) was slower on AVX2 (docs/performance.md#dm-fp8-widening).
 template <class O>
 CPUATTN_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
 #if CPUATTN_SIMD_BITS == 512

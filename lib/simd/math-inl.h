@@ -65,8 +65,8 @@ CPUATTN_INLINE typename O::V Tanh(typename O::V x) {
 }
 
 // Caps (in log2 units) above which SoftCap takes its small-argument branch: below it, 4e-7 cap is
-// at most 2.6e-5 absolute, and the branch would cost the soft-capped epilogue 6% (P1, 1 thread,
-// docs/performance.md).
+// at most 2.6e-5 absolute, and the branch would slow every soft-capped epilogue
+// (docs/performance.md#dm-softcap-exact-branch).
 inline constexpr float kSoftCapExactAbove = 64.0f;
 
 // cap * tanh(x / cap) for cap > 0, given cap and k = 2 log2(e) / cap: logit soft-capping.

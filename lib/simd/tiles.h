@@ -12,8 +12,7 @@ struct BlockShape {
   // Keys per K/V block. With 64 query rows the score tile is 64 x 128 x 4 B = 32 KiB and one V
   // chunk 128 x 64 x 4 B = 32 KiB: each stays in a 32-48 KiB L1d while a micro-kernel sweeps it,
   // and the whole block's Kp + Vp (128 x (D + Dv) x 4 B <= 128 KiB for D = Dv = 128) in L2.
-  // (Measured: 64, 256 and 512 keys, and 48, 72 or 96 rows, are within noise of this on P1, P2,
-  // S1 and X1.)
+  // Other sizes measured within noise (docs/performance.md#dm-block-shape).
   static constexpr std::int64_t kBlockKeys = 128;
   // Query rows per block (positions x heads of one K/V group): each packed K/V block is reused
   // by 64 rows, i.e. 64 x 2 flops per loaded float, far above what L2 must deliver.
@@ -27,9 +26,8 @@ template <int kBits>
 struct Tiles;
 
 // AVX-512, 32 registers: 6x4 score accumulators + 4 K vectors; 6x4 P V accumulators + 4 V
-// vectors. (Measured on L1 data, 1 thread: 6x4 and 8x3 score tiles reach 185-191 GFLOP/s where
-// 12x2 reaches 179; 6x4 keeps panels of 64 keys, which divide the 128-key block.) Dense product:
-// 12 rows x 32 columns = 24 accumulators.
+// vectors (6x4 and 8x3 measured best, docs/performance.md#dm-score-tile-shape; 6x4 keeps panels of
+// 64 keys, which divide the 128-key block). Dense product: 12 rows x 32 columns = 24 accumulators.
 template <>
 struct Tiles<512> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 12;

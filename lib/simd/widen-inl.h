@@ -33,7 +33,7 @@ CPUATTN_INLINE typename O::V LoadWidePartial(const T* p, std::int64_t n) {
 
 // Stores the kLanes floats of v as bf16 or f16 at p (round to nearest even, NaN stays NaN):
 // the same bits as core/dtypes.h's f32_to_bf16 / f32_to_f16, for the kernels' reduced-precision
-// outputs (one scalar conversion per element cost S1 with f16 out 35%).
+// outputs (a scalar conversion per element was slow: docs/performance.md#dm-store-narrow).
 template <class O>
 CPUATTN_INLINE void StoreNarrow(typename O::V v, detail::Bf16* p) {
 #if CPUATTN_SIMD_BITS == 512

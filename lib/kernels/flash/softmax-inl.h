@@ -62,8 +62,7 @@ CPUATTN_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t 
       if (m - m_new < -126.0f) {
         for (std::int64_t c = 0; c < dvp; c += N) O::Store(O::Zero(), arow + c);
       } else {
-        for (std::int64_t c = 0; c < dvp; c += N)
-          O::Store(O::Mul(O::Load(arow + c), va), arow + c);
+        for (std::int64_t c = 0; c < dvp; c += N) O::Store(O::Mul(O::Load(arow + c), va), arow + c);
       }
     }
     m = m_new;

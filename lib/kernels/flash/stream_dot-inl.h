@@ -32,8 +32,8 @@ struct Bf16Stream;
 #if CPUATTN_SIMD_BITS == 512
 // R rows' dot products with four keys (rows k[0..3] of D elements), one 128-bit vector per row
 // whose lane g is key g: R x 4 accumulators (<= 24 of the 32 registers, plus 4 K vectors), and
-// one 4-way reduction per row instead of four (measured: the per-key reductions made the score
-// loop compute-bound at 50-70 cycles per key, twice the memory time of int8 K).
+// one 4-way reduction per row instead of four (per-key reductions made the score loop
+// compute-bound: docs/performance.md#dm-dot4-reduction).
 // kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
 template <class O, bool kHiLo, int R, class T>
 CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
@@ -66,8 +66,8 @@ CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std:
     }
   } else {
     // Key after key, each row front to back: the addresses ascend as in a plain stream, which
-    // the hardware prefetchers follow (interleaving the four rows per d cost 15-50% on D2 with
-    // f32 and bf16 K, from DRAM; with int8 K it gained nothing).
+    // the hardware prefetchers follow (interleaving the four rows per d lost from DRAM:
+    // docs/performance.md#dm-decode-key-order).
     CPUATTN_UNROLL(4)
     for (int g = 0; g < 4; ++g) {
       for (std::int64_t d = 0; d < dv; d += N) {
@@ -114,13 +114,14 @@ CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp
       __m128 sum[R];
       Dot4<O, kHiLo, R, T>(qd, dp, D, k4, sum);
       // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
-      // block's scores, and a second stream in flight beside K's nearly doubles what one core
-      // pulls from DRAM (D2 with bf16 K/V, 1 thread: 33 -> 26.5 ms). Whole blocks ahead into L2
-      // as well (PrefetchKV) cost contiguous int8 decoding 15% (Zen 5), so streamed blocks skip it.
-      // With it, the K rows 16 keys ahead (of the k_valid keys from k on that exist, so across the
-      // block's end but never past the task's keys: no address outside K is formed): the
-      // hardware prefetcher alone left a one-row-per-block decode (M2) latency-bound (bf16 cache:
-      // M2 4.7 -> 4.3 ms, D2 26.5 -> 24.5 ms, 1 thread).
+      // block's scores, and a second stream in flight beside K's raises what one core pulls from
+      // DRAM (docs/performance.md#dm-decode-v-prefetch-l1). Whole blocks ahead into L2 as well
+      // (PrefetchKV) slowed contiguous int8 decoding, so streamed blocks skip it
+      // (docs/performance.md#dm-prefetchkv-streamed). With it, the K rows 16 keys ahead (of the
+      // k_valid keys from k on that exist, so across the block's end but never past the task's
+      // keys: no address outside K is formed): the hardware prefetcher alone left a
+      // one-row-per-block decode (M2) latency-bound
+      // (docs/performance.md#dm-decode-k-prefetch-ahead).
       if (vpf != nullptr) {
         for (int g = 0; g < 4 && j + 16 + g < k_valid; ++g)
           for (std::int64_t off = 0; off < D * static_cast<std::int64_t>(sizeof(T)); off += 64)

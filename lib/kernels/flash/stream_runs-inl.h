@@ -34,8 +34,8 @@ struct KeyRun {
 
 #if CPUATTN_SIMD_BITS == 512
 // Row t of the four runs g4[0..3]: the R rows' scores of those four keys, and their V rows
-// prefetched into L2 for the P V that follows (prefetcht2: 17 GB/s in a page-shaped read test on
-// Zen 4, 15 with prefetcht0).
+// prefetched into L2 for the P V that follows (prefetcht2 read faster than prefetcht0 there:
+// docs/performance.md#dm-runs-prefetcht2).
 template <class O, bool kHiLo, int R, class T>
 CPUATTN_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* g4,
                               std::int64_t t, std::int64_t ks, std::int64_t kss, float* s,
@@ -76,8 +76,8 @@ CPUATTN_INLINE void RunRest(const float* qd, std::int64_t dp, std::int64_t D, co
 // DotScores over runs of keys that lie in different pages (or quarter blocks of contiguous K).
 // Runs are read in lock-step, row t of each at step t: a run is short (one head's 8 KiB of a
 // 16-token page at D = 128, f32) and starts where the hardware prefetcher has no stream yet, so
-// runs read one after another went at 8 GB/s on Zen 4 where four interleaved went at 15-17 and
-// eight at 16-20 (a page-shaped read test, beside 28 for one long stream). Their V rows are
+// runs read one after another read about half as fast as four interleaved
+// (docs/performance.md#dm-runs-lockstep). Their V rows are
 // prefetched as their K rows are read (RunsStep4), and so are the K rows of the `nahead` runs
 // after them (those read next: the next block's, or the next head's of a paged task). Runs past
 // the last whole four, and keys past the shortest run, go one run at a time.

@@ -103,7 +103,7 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   float* ap = scratch.get(static_cast<std::size_t>(ap_floats + MR * P));
   float* tile = ap + ap_floats;
   // Writes run sequentially through Ap, reads along MR rows at once: a row at a time instead
-  // strides the writes by MR floats and costed 7% of a 4096 x 768 x 2304 product.
+  // strides the writes by MR floats (docs/performance.md#dm-gemm-pack-a).
   for (std::int64_t i = 0; i < micro; ++i) {
     const std::int64_t R = std::min(MR, rows - i * MR);
     float* CPUATTN_RESTRICT dst = ap + i * K * MR;
@@ -115,8 +115,8 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
     }
   }
 
-  // Row addresses once per task: Rows::row divides twice, and per micro-kernel call that cost
-  // 6% of a 4096 x 768 x 2304 product.
+  // Row addresses once per task: Rows::row divides twice, too often per micro-kernel call
+  // (docs/performance.md#dm-gemm-row-addresses).
   float* cbase[kGemmMaxRowBlock];
   for (std::int64_t r = 0; r < rows; ++r) cbase[r] = g.c.row(row0 + r);
   float* crow[MR];

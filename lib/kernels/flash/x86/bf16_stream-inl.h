@@ -53,7 +53,8 @@ struct Bf16Stream {
     const std::int64_t d32 = (D + 31) / 32 * 32;
     __m512 acc[R][4];
     // With two rows, hi and lo go into separate accumulators: a chain of two dependent
-    // vdpbf16ps (6 cycles each on Zen 4) per 32 dimensions leaves few rows latency-bound.
+    // vdpbf16ps per 32 dimensions leaves few rows latency-bound
+    // (docs/performance.md#dm-native-bf16-latency).
     constexpr int kSplit = R <= 2 ? 2 : 1;
     __m512 acc2[kSplit == 2 ? R : 1][4];
     CPUATTN_UNROLL(16)
@@ -144,8 +145,8 @@ struct Bf16Stream {
   // "hi" vector 8i + {4..7}. The accumulators keep that order for the whole query block (the
   // online softmax only scales them) and UnpermuteAcc restores it once before the output. Per
   // 32 columns and two keys: two loads, two shuffles and R instructions, where the f32 path
-  // widens four vectors and runs 4R FMAs (a micro-benchmark on Zen 4, four rows in L1: 9.4 ->
-  // 4.7 ns per key at D 128). Pb is the rows' P rounded to bf16 (RoundRow), row stride pbs.
+  // widens four vectors and runs 4R FMAs (docs/performance.md#dm-native-pv-runs). Pb is the rows' P
+  // rounded to bf16 (RoundRow), row stride pbs.
   template <int R, int G>
   static CPUATTN_INLINE void PvRunsTile(const std::uint16_t* CPUATTN_RESTRICT pb, std::int64_t pbs,
                                         const VRun<detail::Bf16>* runs, int nruns, std::int64_t c0,
