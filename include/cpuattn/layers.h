@@ -272,7 +272,7 @@ struct AdditiveWeights {
 
 // Bahdanau attention: a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)), c_i = sum_j a_ij s_j.
 // W1 h and W2 s are computed once per call (Lq + Lk products, not Lq x Lk); the Lq x Lk x A
-// tanh-and-dot runs in SIMD (tanh: max relative error stated in lib/layers-inl.h and tested).
+// tanh-and-dot runs in SIMD (tanh: max relative error stated in lib/simd/math-inl.h and tested).
 class CPUATTN_API AdditiveAttention {
  public:
   explicit AdditiveAttention(const AdditiveWeights& weights);

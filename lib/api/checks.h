@@ -11,6 +11,9 @@
 
 namespace cpuattn::detail {
 
+// A view's sizes joined by `sep`: "2x8x128x32" for records, and shape_str()'s "[2,8,128,32]"
+// for messages.
+std::string join_dims(const TensorView& t, char sep);
 std::string shape_str(const TensorView& t);
 // "Q [2,8,128,32], K [2,8,128,64]" for a message tail.
 std::string shapes_of(std::initializer_list<std::pair<const char*, const TensorView*>> ts);

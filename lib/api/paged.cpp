@@ -18,13 +18,6 @@ namespace cpuattn {
 namespace detail {
 namespace {
 
-template <class T>
-T* advance(T* base, DType dtype, std::int64_t elements) {
-  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
-  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
-                              elements * static_cast<std::int64_t>(dtype_size(dtype)));
-}
-
 // A pool [num_pages, Hkv, P, d] (or scales [num_pages, Hkv, P]) as the [B, Hkv, P, d] view of its
 // first page that validate() reads.
 TensorView first_page(const TensorView& pool, std::int64_t B) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api/call_scope.h"
+#include "api/checks.h"
 #include "api/context_impl.h"
 #include "dispatch/dispatch.h"
 #include "kv/elem.h"
@@ -198,14 +199,7 @@ std::string mask_description(const AttentionOptions& opts) {
   return m.empty() ? "none" : m;
 }
 
-std::string dims_of(const TensorView& t) {
-  std::string s;
-  for (int d = 0; d < t.rank && d < kMaxRank; ++d) {
-    if (d > 0) s += 'x';
-    s += std::to_string(t.shape[d]);
-  }
-  return s;
-}
+std::string dims_of(const TensorView& t) { return join_dims(t, 'x'); }
 
 }  // namespace detail
 

@@ -20,13 +20,20 @@ namespace cpuattn {
 
 namespace detail {
 
-std::string shape_str(const TensorView& t) {
-  std::string s = "[";
+std::string join_dims(const TensorView& t, char sep) {
+  std::string s;
   for (int d = 0; d < std::clamp(t.rank, 0, kMaxRank); ++d) {
-    if (d) s += ",";
+    if (d > 0) s += sep;
     s += std::to_string(t.shape[d]);
   }
-  return s + "]";
+  return s;
+}
+
+std::string shape_str(const TensorView& t) {
+  std::string s = "[";
+  s += join_dims(t, ',');
+  s += ']';
+  return s;
 }
 
 // "Q [2,8,128,32], K [2,8,128,64]" for the message tail.

@@ -82,13 +82,6 @@ std::vector<std::int64_t> offsets(const TensorView& cu, const char* name, std::i
   return o;
 }
 
-template <class T>
-T* advance(T* base, DType dtype, std::int64_t elements) {
-  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
-  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
-                              elements * static_cast<std::int64_t>(dtype_size(dtype)));
-}
-
 struct Packed {
   std::vector<Problem> run;    // sequences with queries and keys
   std::vector<Problem> empty;  // sequences with queries but no keys

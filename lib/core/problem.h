@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "core/inline.h"
 #include "cpuattn/cpuattn.h"
@@ -126,6 +127,14 @@ struct Problem {
     return std::min(pos(i) - window_left, Lk);
   }
 };
+
+// base moved by `elements` elements of `dtype` (a packed or paged batch's per-sequence views).
+template <class T>
+T* advance(T* base, DType dtype, std::int64_t elements) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) +
+                              elements * static_cast<std::int64_t>(dtype_size(dtype)));
+}
 
 // alibi_slopes f32 [H] or [batches, H] (per sequence: batches is B, or the number of sequences of
 // a packed batch), every value finite: sets p.alibi, alibi_s and alibi_bs.

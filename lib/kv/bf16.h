@@ -47,7 +47,7 @@ CPUATTN_NAMESPACE_BEGIN
 
 // The 16 bits shifted into the top of each f32 lane.
 template <class O>
-CPUATTN_INLINE typename O::V LoadWide(const detail::Bf16* p) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Bf16* p) {
 #if CPUATTN_SIMD_BITS == 512
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return O::FromRaw(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));

@@ -65,7 +65,7 @@ CPUATTN_NAMESPACE_BEGIN
 
 // vcvtph2ps (F16C) on AVX2 and AVX-512; SSE4 has no F16C.
 template <class O>
-CPUATTN_INLINE typename O::V LoadWide(const detail::F16* p) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::F16* p) {
 #if CPUATTN_SIMD_BITS == 512
   return O::FromRaw(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 #elif CPUATTN_SIMD_BITS == 256

@@ -24,7 +24,7 @@ struct ElemTraits<float> {
 CPUATTN_NAMESPACE_BEGIN
 
 template <class O>
-CPUATTN_INLINE typename O::V LoadWide(const float* p) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const float* p) {
   return O::LoadU(p);
 }
 

@@ -79,7 +79,7 @@ CPUATTN_NAMESPACE_BEGIN
 // becomes all ones, an f32 NaN. Four integer and two float operations per vector; a conversion
 // through binary16 (vcvtph2ps) was slower on AVX2 (docs/performance.md#dm-fp8-widening).
 template <class O>
-CPUATTN_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
 #if CPUATTN_SIMD_BITS == 512
   const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512i h =

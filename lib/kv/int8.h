@@ -38,7 +38,7 @@ CPUATTN_NAMESPACE_BEGIN
 
 // Sign-extended to int32, then converted (exact).
 template <class O>
-CPUATTN_INLINE typename O::V LoadWide(const std::int8_t* p) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const std::int8_t* p) {
 #if CPUATTN_SIMD_BITS == 512
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return O::FromRaw(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));

@@ -22,7 +22,7 @@ CPUATTN_NAMESPACE_BEGIN
 // kLanes elements through memory, with the scalar conversion (the definition): the portable
 // targets, and conversions a width lacks.
 template <class O, class T>
-CPUATTN_INLINE typename O::V WidenViaMemory(const T* p) {
+CPUATTN_ALWAYS_INLINE typename O::V WidenViaMemory(const T* p) {
   alignas(64) float tmp[O::kLanes];
   for (int i = 0; i < O::kLanes; ++i) tmp[i] = detail::ElemTraits<T>::ToFloat(p[i]);
   return O::Load(tmp);

@@ -16,9 +16,9 @@
 // an xsimd unit, where the guard is therefore an ordinary include guard.
 #pragma once
 
-// Function attributes the kernels use; plain GCC/Clang spellings so that xsimd units need no
-// Highway header.
-#define CPUATTN_INLINE inline __attribute__((always_inline))
+// Function attributes the kernels use (CPUATTN_ALWAYS_INLINE is core/inline.h's); plain
+// GCC/Clang spellings so that xsimd units need no Highway header.
+#include "core/inline.h"
 #define CPUATTN_RESTRICT __restrict__
 #define CPUATTN_PRAGMA(tokens) _Pragma(#tokens)
 #if defined(__clang__)

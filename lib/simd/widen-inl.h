@@ -25,7 +25,7 @@ CPUATTN_NAMESPACE_BEGIN
 
 // The first n < kLanes elements, the other lanes 0 (no element past p + n is read).
 template <class O, class T>
-CPUATTN_INLINE typename O::V LoadWidePartial(const T* p, std::int64_t n) {
+CPUATTN_ALWAYS_INLINE typename O::V LoadWidePartial(const T* p, std::int64_t n) {
   alignas(64) T tmp[O::kLanes] = {};
   std::memcpy(tmp, p, static_cast<std::size_t>(n) * sizeof(T));
   return LoadWide<O>(tmp);
@@ -35,7 +35,7 @@ CPUATTN_INLINE typename O::V LoadWidePartial(const T* p, std::int64_t n) {
 // the same bits as core/dtypes.h's f32_to_bf16 / f32_to_f16, for the kernels' reduced-precision
 // outputs (a scalar conversion per element was slow: docs/performance.md#dm-store-narrow).
 template <class O>
-CPUATTN_INLINE void StoreNarrow(typename O::V v, detail::Bf16* p) {
+CPUATTN_ALWAYS_INLINE void StoreNarrow(typename O::V v, detail::Bf16* p) {
 #if CPUATTN_SIMD_BITS == 512
   const __m512i u = _mm512_castps_si512(O::ToRaw(v));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -52,7 +52,7 @@ CPUATTN_INLINE void StoreNarrow(typename O::V v, detail::Bf16* p) {
 }
 
 template <class O>
-CPUATTN_INLINE void StoreNarrow(typename O::V v, detail::F16* p) {
+CPUATTN_ALWAYS_INLINE void StoreNarrow(typename O::V v, detail::F16* p) {
 #if CPUATTN_SIMD_BITS == 512
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtps_ph(O::ToRaw(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

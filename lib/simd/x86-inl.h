@@ -23,12 +23,12 @@
 CPUATTN_NAMESPACE_BEGIN
 namespace x86 {
 
-CPUATTN_INLINE void StreamFence() { _mm_sfence(); }
+CPUATTN_ALWAYS_INLINE void StreamFence() { _mm_sfence(); }
 
 #if CPUATTN_SIMD_BITS == 512
 // 16 x 16 floats: 32-bit and 64-bit unpacks within 128-bit blocks, then two rounds of 128-bit
 // block shuffles (48 shuffles where a lane-by-lane transpose costs a store per element).
-CPUATTN_INLINE void Transpose(__m512* r) {
+CPUATTN_ALWAYS_INLINE void Transpose(__m512* r) {
   __m512 t[16], u[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -55,22 +55,22 @@ CPUATTN_INLINE void Transpose(__m512* r) {
 }
 
 // x - floor(x) in one vreduceps (round down, 0 fraction bits kept).
-CPUATTN_INLINE __m512 FloorFrac(__m512 x) {
+CPUATTN_ALWAYS_INLINE __m512 FloorFrac(__m512 x) {
   return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
 
 // p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x < -126 are zeroed by
 // the mask (the comparison is true for NaN, so NaN stays NaN).
-CPUATTN_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
+CPUATTN_ALWAYS_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(keep, p, x);
 }
 
-CPUATTN_INLINE float ReduceMax(__m512 v) { return _mm512_reduce_max_ps(v); }
+CPUATTN_ALWAYS_INLINE float ReduceMax(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 // The lane sums of four vectors at once, out[i] = sum of a[i]'s lanes: 12 operations for the
 // four where four separate reductions cost about 32 (the decode score kernel needs one per key).
-CPUATTN_INLINE __m128 ReduceSum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+CPUATTN_ALWAYS_INLINE __m128 ReduceSum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   // Interleave pairs and add: each 128-bit block holds partial sums of (a0, a1, a0, a1) ...
   const __m512 x01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
   const __m512 x23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
@@ -82,16 +82,16 @@ CPUATTN_INLINE __m128 ReduceSum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
 }
 
-CPUATTN_INLINE __m512 KeepIfByteSet(__m512 s, const std::uint8_t* bytes) {
+CPUATTN_ALWAYS_INLINE __m512 KeepIfByteSet(__m512 s, const std::uint8_t* bytes) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
   const __mmask16 set = _mm_test_epi8_mask(b, b);
   return _mm512_mask_blend_ps(set, _mm512_set1_ps(-__builtin_inff()), s);
 }
 
-CPUATTN_INLINE void Stream(__m512 v, float* p) { _mm512_stream_ps(p, v); }
+CPUATTN_ALWAYS_INLINE void Stream(__m512 v, float* p) { _mm512_stream_ps(p, v); }
 
 #elif CPUATTN_SIMD_BITS == 256
-CPUATTN_INLINE void Transpose(__m256* r) {
+CPUATTN_ALWAYS_INLINE void Transpose(__m256* r) {
   __m256 t[8], s[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -109,31 +109,31 @@ CPUATTN_INLINE void Transpose(__m256* r) {
   }
 }
 
-CPUATTN_INLINE float ReduceMax(__m256 v) {
+CPUATTN_ALWAYS_INLINE float ReduceMax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   return _mm_cvtss_f32(m);
 }
 
-CPUATTN_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) {
+CPUATTN_ALWAYS_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) {
   const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
   const __m256 unset = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
   return _mm256_blendv_ps(s, _mm256_set1_ps(-__builtin_inff()), unset);
 }
 
-CPUATTN_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
+CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
 
 #elif CPUATTN_SIMD_BITS == 128
-CPUATTN_INLINE void Transpose(__m128* r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
+CPUATTN_ALWAYS_INLINE void Transpose(__m128* r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
 
-CPUATTN_INLINE float ReduceMax(__m128 m) {
+CPUATTN_ALWAYS_INLINE float ReduceMax(__m128 m) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   return _mm_cvtss_f32(m);
 }
 
-CPUATTN_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) {
+CPUATTN_ALWAYS_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) {
   std::int32_t four;
   std::memcpy(&four, bytes, 4);
   const __m128i b = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
@@ -141,7 +141,7 @@ CPUATTN_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) {
   return _mm_blendv_ps(s, _mm_set1_ps(-__builtin_inff()), unset);
 }
 
-CPUATTN_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
+CPUATTN_ALWAYS_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
 #endif
 
 }  // namespace x86

@@ -39,61 +39,61 @@ struct XsimdOps : simd::Tiles<CPUATTN_XSIMD_ARCH> {
   static constexpr int kLanes = static_cast<int>(V::size);
   static constexpr const char* kProvider = "xsimd";
 
-  static CPUATTN_INLINE V FromRaw(Raw r) { return V(r); }
-  static CPUATTN_INLINE Raw ToRaw(V v) { return Raw(v); }
-  static CPUATTN_INLINE V Zero() { return V(0.0f); }
-  static CPUATTN_INLINE V Set(float x) { return V(x); }
-  static CPUATTN_INLINE V Iota() {
+  static CPUATTN_ALWAYS_INLINE V FromRaw(Raw r) { return V(r); }
+  static CPUATTN_ALWAYS_INLINE Raw ToRaw(V v) { return Raw(v); }
+  static CPUATTN_ALWAYS_INLINE V Zero() { return V(0.0f); }
+  static CPUATTN_ALWAYS_INLINE V Set(float x) { return V(x); }
+  static CPUATTN_ALWAYS_INLINE V Iota() {
     alignas(64) static constexpr float kIota[16] = {0, 1, 2,  3,  4,  5,  6,  7,
                                                     8, 9, 10, 11, 12, 13, 14, 15};
     return V::load_aligned(kIota);
   }
-  static CPUATTN_INLINE V Load(const float* p) { return V::load_aligned(p); }
-  static CPUATTN_INLINE V LoadU(const float* p) { return V::load_unaligned(p); }
-  static CPUATTN_INLINE void Store(V v, float* p) { v.store_aligned(p); }
-  static CPUATTN_INLINE void StoreU(V v, float* p) { v.store_unaligned(p); }
-  static CPUATTN_INLINE void Stream(V v, float* p) { x86::Stream(Raw(v), p); }
-  static CPUATTN_INLINE void StreamFence() { x86::StreamFence(); }
-  static CPUATTN_INLINE V Add(V a, V b) { return a + b; }
-  static CPUATTN_INLINE V Sub(V a, V b) { return a - b; }
-  static CPUATTN_INLINE V Mul(V a, V b) { return a * b; }
-  static CPUATTN_INLINE V Div(V a, V b) { return a / b; }
+  static CPUATTN_ALWAYS_INLINE V Load(const float* p) { return V::load_aligned(p); }
+  static CPUATTN_ALWAYS_INLINE V LoadU(const float* p) { return V::load_unaligned(p); }
+  static CPUATTN_ALWAYS_INLINE void Store(V v, float* p) { v.store_aligned(p); }
+  static CPUATTN_ALWAYS_INLINE void StoreU(V v, float* p) { v.store_unaligned(p); }
+  static CPUATTN_ALWAYS_INLINE void Stream(V v, float* p) { x86::Stream(Raw(v), p); }
+  static CPUATTN_ALWAYS_INLINE void StreamFence() { x86::StreamFence(); }
+  static CPUATTN_ALWAYS_INLINE V Add(V a, V b) { return a + b; }
+  static CPUATTN_ALWAYS_INLINE V Sub(V a, V b) { return a - b; }
+  static CPUATTN_ALWAYS_INLINE V Mul(V a, V b) { return a * b; }
+  static CPUATTN_ALWAYS_INLINE V Div(V a, V b) { return a / b; }
 #if CPUATTN_XSIMD_ARCH == 128
   // Without FMA xsimd::fma is emulated exactly (slowly); Highway's SSE4 rounds twice, and so does
   // this, which the contract allows.
-  static CPUATTN_INLINE V MulAdd(V a, V b, V c) { return a * b + c; }
+  static CPUATTN_ALWAYS_INLINE V MulAdd(V a, V b, V c) { return a * b + c; }
 #else
-  static CPUATTN_INLINE V MulAdd(V a, V b, V c) { return xsimd::fma(a, b, c); }
+  static CPUATTN_ALWAYS_INLINE V MulAdd(V a, V b, V c) { return xsimd::fma(a, b, c); }
 #endif
-  static CPUATTN_INLINE V Min(V a, V b) { return xsimd::min(a, b); }
-  static CPUATTN_INLINE V Max(V a, V b) { return xsimd::max(a, b); }
-  static CPUATTN_INLINE V Abs(V a) { return xsimd::abs(a); }
-  static CPUATTN_INLINE V Floor(V x) { return xsimd::floor(x); }
-  static CPUATTN_INLINE M Lt(V a, V b) { return a < b; }
-  static CPUATTN_INLINE M Ge(V a, V b) { return a >= b; }
-  static CPUATTN_INLINE M IsNaN(V a) { return xsimd::isnan(a); }
-  static CPUATTN_INLINE V IfThenElse(M m, V a, V b) { return xsimd::select(m, a, b); }
-  static CPUATTN_INLINE V CopySignToAbs(V a, V s) { return xsimd::copysign(a, s); }
-  static CPUATTN_INLINE float ReduceSum(V v) { return xsimd::hadd(v); }
-  static CPUATTN_INLINE float ReduceMax(V v) { return x86::ReduceMax(Raw(v)); }
-  static CPUATTN_INLINE V KeepIfByteSet(V s, const std::uint8_t* bytes) {
+  static CPUATTN_ALWAYS_INLINE V Min(V a, V b) { return xsimd::min(a, b); }
+  static CPUATTN_ALWAYS_INLINE V Max(V a, V b) { return xsimd::max(a, b); }
+  static CPUATTN_ALWAYS_INLINE V Abs(V a) { return xsimd::abs(a); }
+  static CPUATTN_ALWAYS_INLINE V Floor(V x) { return xsimd::floor(x); }
+  static CPUATTN_ALWAYS_INLINE M Lt(V a, V b) { return a < b; }
+  static CPUATTN_ALWAYS_INLINE M Ge(V a, V b) { return a >= b; }
+  static CPUATTN_ALWAYS_INLINE M IsNaN(V a) { return xsimd::isnan(a); }
+  static CPUATTN_ALWAYS_INLINE V IfThenElse(M m, V a, V b) { return xsimd::select(m, a, b); }
+  static CPUATTN_ALWAYS_INLINE V CopySignToAbs(V a, V s) { return xsimd::copysign(a, s); }
+  static CPUATTN_ALWAYS_INLINE float ReduceSum(V v) { return xsimd::hadd(v); }
+  static CPUATTN_ALWAYS_INLINE float ReduceMax(V v) { return x86::ReduceMax(Raw(v)); }
+  static CPUATTN_ALWAYS_INLINE V KeepIfByteSet(V s, const std::uint8_t* bytes) {
     return V(x86::KeepIfByteSet(Raw(s), bytes));
   }
 
 #if CPUATTN_XSIMD_ARCH == 512
-  static CPUATTN_INLINE V FloorFrac(V x) { return V(x86::FloorFrac(Raw(x))); }
-  static CPUATTN_INLINE V LdExpFloor(V p, V x) { return V(x86::LdExpFloor(Raw(p), Raw(x))); }
+  static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return V(x86::FloorFrac(Raw(x))); }
+  static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) { return V(x86::LdExpFloor(Raw(p), Raw(x))); }
 #else
-  static CPUATTN_INLINE V FloorFrac(V x) { return x - xsimd::floor(x); }
+  static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return x - xsimd::floor(x); }
   // cvttps gives 0x80000000 for NaN and out-of-range lanes (defined on x86), which the shift
   // turns into 1.0; p carries the NaN, and lanes below -126 are selected away.
-  static CPUATTN_INLINE V LdExpFloor(V p, V x) {
+  static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) {
     const auto bits = (xsimd::to_int(xsimd::floor(x)) + 127) << 23;
     return xsimd::select(x < V(-126.0f), V(0.0f), p * xsimd::bitwise_cast<V>(bits));
   }
 #endif
 
-  static CPUATTN_INLINE void Transpose(V* r) {
+  static CPUATTN_ALWAYS_INLINE void Transpose(V* r) {
     Raw raw[kLanes];
     for (int i = 0; i < kLanes; ++i) raw[i] = Raw(r[i]);
     x86::Transpose(raw);

@@ -24,8 +24,8 @@ CPUATTN_NAMESPACE_BEGIN
 // Lanes whose key index col0 + lane is outside [begin, end) become -inf. Float lane indices are
 // exact: they stay within the 128-key block.
 template <class O>
-CPUATTN_INLINE typename O::V KeepInRange(typename O::V s, std::int32_t col0, std::int32_t begin,
-                                         std::int32_t end) {
+CPUATTN_ALWAYS_INLINE typename O::V KeepInRange(typename O::V s, std::int32_t col0,
+                                                std::int32_t begin, std::int32_t end) {
   const auto col = O::Add(O::Iota(), O::Set(static_cast<float>(col0)));
   const auto neg_inf = O::Set(-std::numeric_limits<float>::infinity());
   s = O::IfThenElse(O::Lt(col, O::Set(static_cast<float>(end))), s, neg_inf);
@@ -62,7 +62,7 @@ struct MaskInfo {
 // reload and re-broadcast them for every vector. `rows` is read only when `needed` (a masked or
 // transformed tile): callers without masks, such as the micro-kernel probes, pass nullptr.
 template <int R>
-CPUATTN_INLINE void CopyRowMasks(const RowMask* rows, bool needed, RowMask (&rm)[R]) {
+CPUATTN_ALWAYS_INLINE void CopyRowMasks(const RowMask* rows, bool needed, RowMask (&rm)[R]) {
   if (!needed) return;
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) rm[r] = rows[r];
@@ -74,8 +74,8 @@ CPUATTN_INLINE void CopyRowMasks(const RowMask* rows, bool needed, RowMask (&rm)
 // whole tile, so that the unrolled epilogue is one straight run in which the broadcast constants
 // are formed once (a branch per vector made the compiler form them again for every vector).
 template <class O, int R, int C>
-CPUATTN_INLINE void TransformTile(typename O::V (&x)[R][C], std::int32_t col0,
-                                  const RowMask (&rm)[R], const MaskInfo& mi) {
+CPUATTN_ALWAYS_INLINE void TransformTile(typename O::V (&x)[R][C], std::int32_t col0,
+                                         const RowMask (&rm)[R], const MaskInfo& mi) {
   constexpr int N = O::kLanes;
   if (mi.softcap) {
     const auto cap = O::Set(mi.cap), k = O::Set(mi.k);
@@ -111,8 +111,8 @@ CPUATTN_INLINE void TransformTile(typename O::V (&x)[R][C], std::int32_t col0,
 // Only lanes below rm.end are read from the mask: past it lies the end of the mask row (or of
 // the tensor), and those lanes become -inf anyway.
 template <class O>
-CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, const RowMask& rm,
-                                          const MaskInfo& mi) {
+CPUATTN_ALWAYS_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0,
+                                                 const RowMask& rm, const MaskInfo& mi) {
   constexpr int N = O::kLanes;
   if (rm.mask != nullptr && col0 < rm.end) {
     const bool full = mi.stride == 1 && col0 + N <= rm.end;
@@ -155,9 +155,9 @@ CPUATTN_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t col0, co
 // RowMask or MaskInfo in memory, so reading them in place made it reload and re-broadcast them
 // for every vector.
 template <class O, int R, int C, bool kMasked>
-CPUATTN_INLINE void StoreScores(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
-                                std::int64_t s_stride, std::int32_t col0, const RowMask (&rm)[R],
-                                const MaskInfo& m) {
+CPUATTN_ALWAYS_INLINE void StoreScores(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
+                                       std::int64_t s_stride, std::int32_t col0,
+                                       const RowMask (&rm)[R], const MaskInfo& m) {
   constexpr int N = O::kLanes;
   if (m.transforms()) TransformTile<O, R, C>(x, col0, rm, m);
   CPUATTN_UNROLL(16)
@@ -174,9 +174,9 @@ CPUATTN_INLINE void StoreScores(typename O::V (&x)[R][C], float* CPUATTN_RESTRIC
 // tile is masked or transformed: callers without masks, such as the micro-kernel probes, pass
 // nullptr), then StoreScores.
 template <class O, int R, int C, bool kMasked>
-CPUATTN_INLINE void ScoreEpilogue(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
-                                  std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
-                                  const MaskInfo& mi) {
+CPUATTN_ALWAYS_INLINE void ScoreEpilogue(typename O::V (&x)[R][C], float* CPUATTN_RESTRICT s,
+                                         std::int64_t s_stride, std::int32_t col0,
+                                         const RowMask* rows, const MaskInfo& mi) {
   const MaskInfo m = mi;
   RowMask rm[R] = {};
   CopyRowMasks<R>(rows, kMasked || m.transforms(), rm);
@@ -185,8 +185,8 @@ CPUATTN_INLINE void ScoreEpilogue(typename O::V (&x)[R][C], float* CPUATTN_RESTR
 
 // The same epilogue over one streamed score row of ncols (whole vectors) in memory.
 template <class O>
-CPUATTN_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
-                                 const RowMask& row, const MaskInfo& info) {
+CPUATTN_ALWAYS_INLINE void MaskScoreRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
+                                        const RowMask& row, const MaskInfo& info) {
   constexpr int N = O::kLanes;
   const RowMask rm[1] = {row};
   const MaskInfo mi = info;

@@ -20,10 +20,10 @@ CPUATTN_NAMESPACE_BEGIN
 // `b` may be of a reduced-precision storage type (TB = Bf16, F16 or int8): each vector is widened
 // as it is loaded (simd/widen-inl.h) and serves all R rows.
 template <class O, int R, int C, class TB = float>
-CPUATTN_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std::int64_t a_k,
-                                    std::int64_t a_r, const TB* CPUATTN_RESTRICT b,
-                                    std::int64_t b_stride, std::int64_t K,
-                                    typename O::V (&acc)[R][C]) {
+CPUATTN_ALWAYS_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std::int64_t a_k,
+                                           std::int64_t a_r, const TB* CPUATTN_RESTRICT b,
+                                           std::int64_t b_stride, std::int64_t K,
+                                           typename O::V (&acc)[R][C]) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   for (std::int64_t k = 0; k < K; ++k) {

@@ -50,8 +50,8 @@ struct TaskCoords {
   bool keep_packed;  // several query blocks: each K/V block is packed once and kept
 };
 
-CPUATTN_INLINE TaskCoords DecodeTask(const detail::Problem& p, const detail::Plan& pl,
-                                     std::int64_t t) {
+CPUATTN_ALWAYS_INLINE TaskCoords DecodeTask(const detail::Problem& p, const detail::Plan& pl,
+                                            std::int64_t t) {
   TaskCoords c;
   c.ks = t % pl.k_splits;
   t /= pl.k_splits;
@@ -85,9 +85,9 @@ struct TaskBuffers {
 };
 
 template <class O>
-CPUATTN_INLINE TaskBuffers LayOutTask(const detail::Problem& p, const detail::Plan& pl,
-                                      const TaskCoords& tc, const Geometry<O>& g,
-                                      detail::Scratch& scratch) {
+CPUATTN_ALWAYS_INLINE TaskBuffers LayOutTask(const detail::Problem& p, const detail::Plan& pl,
+                                             const TaskCoords& tc, const Geometry<O>& g,
+                                             detail::Scratch& scratch) {
   const detail::TaskScratch ts(p, pl, tc.k1 - tc.k0, g.Nk, g.DvP, tc.keep_packed);
   float* base = scratch.get(ts.total);
   static_assert(sizeof(RowMask) <= 8 * sizeof(float) && alignof(RowMask) <= 64);
@@ -117,9 +117,9 @@ struct QueryBlock {
 };
 
 template <class O>
-CPUATTN_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const detail::Plan& pl,
-                                       const TaskCoords& tc, const Geometry<O>& g,
-                                       std::int64_t qb) {
+CPUATTN_ALWAYS_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const detail::Plan& pl,
+                                              const TaskCoords& tc, const Geometry<O>& g,
+                                              std::int64_t qb) {
   QueryBlock q;
   q.pos0 = qb * pl.pos_per_block;
   q.pos1 = std::min(p.Lq, q.pos0 + pl.pos_per_block);
@@ -136,8 +136,8 @@ CPUATTN_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const detail::P
 
 // QUnit: the block's query rows into Qp.
 template <class O, bool kNative>
-CPUATTN_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
-                                const TaskBuffers& tb) {
+CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc,
+                                       const QueryBlock& q, const TaskBuffers& tb) {
   const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
   if (q.path.q == detail::QUnit::bf16) {
     if constexpr (kNative)
@@ -165,8 +165,8 @@ inline MaskInfo MaskInfoOf(const detail::Problem& p) {
 
 // Row r of a block is (position pos0 + r / nh, head h0 + r % nh): nested loops avoid a 64-bit
 // division per row and block.
-CPUATTN_INLINE void SetRowSlopes(const detail::Problem& p, const TaskCoords& tc,
-                                 const QueryBlock& q, const MaskInfo& mi, RowMask* rm) {
+CPUATTN_ALWAYS_INLINE void SetRowSlopes(const detail::Problem& p, const TaskCoords& tc,
+                                        const QueryBlock& q, const MaskInfo& mi, RowMask* rm) {
   for (std::int64_t i = q.pos0, r = 0; i < q.pos1; ++i)
     for (std::int64_t h = tc.h0; h < tc.h0 + tc.nh; ++h, ++r)
       rm[r].slope = mi.alibi ? static_cast<float>(p.alibi_slope(tc.b, h) * detail::kLog2e) : 0.0f;
@@ -220,8 +220,8 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
 
 // Each row's visible keys [begin, end) within the key block, its ALiBi position relative to the
 // block's first key (clamped far outside it: the distance only grows), and its mask row.
-CPUATTN_INLINE void SetRowMasks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
-                                const KeyBlock& kb, RowMask* rm) {
+CPUATTN_ALWAYS_INLINE void SetRowMasks(const detail::Problem& p, const TaskCoords& tc,
+                                       const QueryBlock& q, const KeyBlock& kb, RowMask* rm) {
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(p.mask.dtype));
   for (std::int64_t i = q.pos0, r = 0; i < q.pos1; ++i) {
     const auto end = static_cast<std::int32_t>(

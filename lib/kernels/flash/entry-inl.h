@@ -11,7 +11,6 @@
 #include "kernels/flash/flash.h"
 #include "kernels/flash/merge-inl.h"
 #include "simd/target_namespace.h"
-#include "simd/targets.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
@@ -26,14 +25,11 @@ void MergeFlashRows(const detail::Problem& p, const detail::Plan& pl, std::int64
 }
 
 const detail::FlashKernels* GetFlashKernels() {
-  static const detail::FlashKernels table{
-      .target = CPUATTN_FLASH_NATIVE ? Target::avx512_bf16 : simd::TargetOfBits(CPUATTN_SIMD_BITS),
-      .provider = simd::ProviderOf(Ops::kProvider),
-      .lanes = Ops::kLanes,
-      .block_rows = Ops::kBlockRows,
-      .block_keys = Ops::kBlockKeys,
-      .run_task = &RunFlashTask,
-      .merge_rows = &MergeFlashRows};
+  static const detail::FlashKernels table{.lanes = Ops::kLanes,
+                                          .block_rows = Ops::kBlockRows,
+                                          .block_keys = Ops::kBlockKeys,
+                                          .run_task = &RunFlashTask,
+                                          .merge_rows = &MergeFlashRows};
   return &table;
 }
 

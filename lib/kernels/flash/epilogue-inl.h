@@ -57,9 +57,10 @@ void WriteRow(const detail::Problem& p, detail::OutUnit unit, const detail::RowS
 }
 
 // Row (b, h, i) of key split ks: (m, l, arow[0, Dv)) unnormalised, for the merge.
-CPUATTN_INLINE void WritePartial(const detail::Problem& p, const detail::Plan& pl,
-                                 const detail::RowState& st, const float* arow, std::int64_t b,
-                                 std::int64_t h, std::int64_t i, std::int64_t ks) {
+CPUATTN_ALWAYS_INLINE void WritePartial(const detail::Problem& p, const detail::Plan& pl,
+                                        const detail::RowState& st, const float* arow,
+                                        std::int64_t b, std::int64_t h, std::int64_t i,
+                                        std::int64_t ks) {
   float* dst = detail::partial_row(p, pl, b, h, i, ks);
   dst[0] = st.m;
   dst[1] = st.l;

@@ -25,8 +25,6 @@
 namespace cpuattn::detail {
 
 struct FlashKernels {
-  Target target;
-  Simd provider;
   std::int64_t lanes;       // f32 lanes per vector
   std::int64_t block_rows;  // max query rows per block
   std::int64_t block_keys;  // keys per K/V block

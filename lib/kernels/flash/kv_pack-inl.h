@@ -37,8 +37,9 @@ inline void PrefetchKV(const detail::Problem& p, std::int64_t b, std::int64_t hk
 }
 
 // The per-key scale of an int8 K or V row (1 for other dtypes, which need none).
-CPUATTN_INLINE float KeyScale(const detail::Problem& p, const float* scale, const std::int64_t* s,
-                              std::int64_t b, std::int64_t hk, std::int64_t j) {
+CPUATTN_ALWAYS_INLINE float KeyScale(const detail::Problem& p, const float* scale,
+                                     const std::int64_t* s, std::int64_t b, std::int64_t hk,
+                                     std::int64_t j) {
   return scale == nullptr ? 1.0f : scale[p.key_off(s, b, j) + hk * s[1]];
 }
 

@@ -23,8 +23,8 @@ CPUATTN_NAMESPACE_BEGIN
 
 // acc[0, n) += w * x[0, n) (acc aligned, x any alignment).
 template <class O>
-CPUATTN_INLINE void AddScaledRow(float* CPUATTN_RESTRICT acc, const float* CPUATTN_RESTRICT x,
-                                 float w, std::int64_t n) {
+CPUATTN_ALWAYS_INLINE void AddScaledRow(float* CPUATTN_RESTRICT acc,
+                                        const float* CPUATTN_RESTRICT x, float w, std::int64_t n) {
   constexpr int N = O::kLanes;
   const typename O::V vw = O::Set(w);
   std::int64_t d = 0;

@@ -31,8 +31,9 @@ struct VRun {
 // Keys [s0, s1) of the block at kb0 of K/V head hk as runs that share a page (one run without
 // pages) in vruns; returns their count.
 template <class TV>
-CPUATTN_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk,
-                             std::int64_t kb0, std::int64_t s0, std::int64_t s1, VRun<TV>* vruns) {
+CPUATTN_ALWAYS_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                                    std::int64_t kb0, std::int64_t s0, std::int64_t s1,
+                                    VRun<TV>* vruns) {
   int nv = 0;
   for (std::int64_t j0 = s0; j0 < s1; ++nv) {
     const std::int64_t nj = std::min(s1 - j0, p.page_run(kb0 + j0));
@@ -49,9 +50,10 @@ CPUATTN_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, std::int6
 // loads, R broadcasts and R*C FMAs. V is f32 (packed, or in place) or, in place for decode, a
 // reduced-precision TV widened as it is loaded.
 template <class O, int R, int C, class TV = float>
-CPUATTN_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
-                           const VRun<TV>* runs, int nruns, std::int64_t c0, std::int64_t v_stride,
-                           float* CPUATTN_RESTRICT acc_out, std::int64_t acc_stride) {
+CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
+                                  const VRun<TV>* runs, int nruns, std::int64_t c0,
+                                  std::int64_t v_stride, float* CPUATTN_RESTRICT acc_out,
+                                  std::int64_t acc_stride) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   V acc[R][C];

@@ -21,10 +21,10 @@ CPUATTN_NAMESPACE_BEGIN
 // R * C accumulators stay in registers for the whole D loop; each d costs C loads, R broadcasts
 // and R * C FMAs.
 template <class O, int R, bool kMasked>
-CPUATTN_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs, std::int64_t D,
-                              const float* CPUATTN_RESTRICT kp, float* CPUATTN_RESTRICT s,
-                              std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
-                              const MaskInfo& mi) {
+CPUATTN_ALWAYS_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
+                                     std::int64_t D, const float* CPUATTN_RESTRICT kp,
+                                     float* CPUATTN_RESTRICT s, std::int64_t s_stride,
+                                     std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
   using V = typename O::V;
   constexpr int C = O::kScoreCols;
   V acc[R][C];

@@ -25,9 +25,9 @@ CPUATTN_NAMESPACE_BEGIN
 //   lrow  the running sum, kept as a vector of partial sums (summed across lanes once, at the end)
 //   arow  the unnormalized output, dvp floats
 template <class O>
-CPUATTN_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols, float& m,
-                                     float* CPUATTN_RESTRICT lrow, float* CPUATTN_RESTRICT arow,
-                                     std::int64_t dvp) {
+CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
+                                            float& m, float* CPUATTN_RESTRICT lrow,
+                                            float* CPUATTN_RESTRICT arow, std::int64_t dvp) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   static_assert(O::kScoreCols % 2 == 0, "the passes below take vectors in pairs");

@@ -36,8 +36,8 @@ struct Bf16Stream;
 // compute-bound: docs/performance.md#dm-dot4-reduction).
 // kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
 template <class O, bool kHiLo, int R, class T>
-CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
-                         const T* const (&k)[4], __m128 (&sum)[R]) {
+CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                                const T* const (&k)[4], __m128 (&sum)[R]) {
   if constexpr (kHiLo && std::is_same_v<T, detail::Bf16> && R >= 2) {
     Bf16Stream<O>::template Dot4HiLo<R>(qd, dp, D, k, sum);
     return;
@@ -99,11 +99,12 @@ CPUATTN_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std:
 // `vpf`, the V rows of the same keys (vpf + j * vpf_stride, vpf_bytes long) are prefetched, and
 // K rows ahead among the k_valid keys that exist from k on.
 template <class O, bool kHiLo, int R, class T>
-CPUATTN_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
-                               const T* CPUATTN_RESTRICT k, std::int64_t ks, std::int64_t nk,
-                               const float* kscale, std::int64_t kss, float* CPUATTN_RESTRICT s,
-                               std::int64_t s_stride, const char* vpf, std::int64_t vpf_stride,
-                               std::int64_t vpf_bytes, std::int64_t k_valid) {
+CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
+                                      std::int64_t D, const T* CPUATTN_RESTRICT k, std::int64_t ks,
+                                      std::int64_t nk, const float* kscale, std::int64_t kss,
+                                      float* CPUATTN_RESTRICT s, std::int64_t s_stride,
+                                      const char* vpf, std::int64_t vpf_stride,
+                                      std::int64_t vpf_bytes, std::int64_t k_valid) {
   constexpr int N = O::kLanes;
   const std::int64_t dv = D / N * N;
   std::int64_t j = 0;

@@ -37,9 +37,10 @@ struct KeyRun {
 // prefetched into L2 for the P V that follows (prefetcht2 read faster than prefetcht0 there:
 // docs/performance.md#dm-runs-prefetcht2).
 template <class O, bool kHiLo, int R, class T>
-CPUATTN_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>* g4,
-                              std::int64_t t, std::int64_t ks, std::int64_t kss, float* s,
-                              std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes) {
+CPUATTN_ALWAYS_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D,
+                                     const KeyRun<T>* g4, std::int64_t t, std::int64_t ks,
+                                     std::int64_t kss, float* s, std::int64_t s_stride,
+                                     std::int64_t v_stride, std::int64_t v_bytes) {
   const T* const k4[4] = {g4[0].k + t * ks, g4[1].k + t * ks, g4[2].k + t * ks, g4[3].k + t * ks};
   __m128 sum[R];
   Dot4<O, kHiLo, R, T>(qd, dp, D, k4, sum);
@@ -62,10 +63,10 @@ CPUATTN_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int64_t D, 
 // Keys [from, n) of one run by DotScoresR, V rows prefetched beside K (for reduced-precision V
 // only, as for contiguous K/V) when prefetch_v.
 template <class O, bool kHiLo, int R, class T>
-CPUATTN_INLINE void RunRest(const float* qd, std::int64_t dp, std::int64_t D, const KeyRun<T>& run,
-                            std::int64_t from, std::int64_t ks, std::int64_t kss, float* s,
-                            std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes,
-                            bool prefetch_v) {
+CPUATTN_ALWAYS_INLINE void RunRest(const float* qd, std::int64_t dp, std::int64_t D,
+                                   const KeyRun<T>& run, std::int64_t from, std::int64_t ks,
+                                   std::int64_t kss, float* s, std::int64_t s_stride,
+                                   std::int64_t v_stride, std::int64_t v_bytes, bool prefetch_v) {
   const char* vpf = prefetch_v && !std::is_same_v<T, float> ? run.v + from * v_stride : nullptr;
   DotScoresR<O, kHiLo, R, T>(qd, dp, D, run.k + from * ks, ks, run.n - from,
                              run.kscale == nullptr ? nullptr : run.kscale + from * kss, kss,
@@ -139,9 +140,9 @@ void DotScoresRuns(int R, const float* qd, std::int64_t dp, std::int64_t D, cons
 // `head` to runs[n, ...) as runs that share a page, of at most a quarter block each (four are
 // read at once), at most `most` runs. Returns the new count.
 template <class O, class T>
-CPUATTN_INLINE int CutKeyRuns(const detail::Problem& p, std::int64_t b, std::int64_t kb0,
-                              std::int64_t k1, std::int64_t j0, std::int64_t j1, int most,
-                              std::int64_t head, KeyRun<T>* runs, int n) {
+CPUATTN_ALWAYS_INLINE int CutKeyRuns(const detail::Problem& p, std::int64_t b, std::int64_t kb0,
+                                     std::int64_t k1, std::int64_t j0, std::int64_t j1, int most,
+                                     std::int64_t head, KeyRun<T>* runs, int n) {
   const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
   for (int added = 0; j0 < j1 && added < most; ++added, ++n) {
     const std::int64_t kj = kb0 + j0;

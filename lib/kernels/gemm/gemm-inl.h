@@ -35,8 +35,9 @@ inline constexpr std::int64_t kGemmMaxRowBlock = detail::kGemmRowPanels * 12;
 // `init` is the starting value: the bias panel (first k block with a bias), nullptr for zero on
 // the first k block, or C itself (load_c) for later k blocks.
 template <class O, int R, class TB>
-CPUATTN_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* CPUATTN_RESTRICT bp,
-                             std::int64_t kc, float* const* c, const float* bias, bool load_c) {
+CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* CPUATTN_RESTRICT bp,
+                                    std::int64_t kc, float* const* c, const float* bias,
+                                    bool load_c) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(detail::PackedMatrix::kPanel) / N;

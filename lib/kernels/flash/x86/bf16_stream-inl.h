@@ -46,9 +46,9 @@ struct Bf16Stream {
   // is hi + lo, two bf16 rows beside each Qp row (SplitQRows), and each of the two products of
   // bf16 pairs is exact in f32, so a score is within 2^-16 |q| |k| of the f32 product.
   template <int R>
-  static CPUATTN_INLINE void Dot4HiLo(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
-                                      std::int64_t D, const detail::Bf16* const (&k)[4],
-                                      __m128 (&sum)[R]) {
+  static CPUATTN_ALWAYS_INLINE void Dot4HiLo(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
+                                             std::int64_t D, const detail::Bf16* const (&k)[4],
+                                             __m128 (&sum)[R]) {
     // d by d across the four keys: each Q hi/lo load serves four keys (SplitQRows).
     const std::int64_t d32 = (D + 31) / 32 * 32;
     __m512 acc[R][4];
@@ -148,10 +148,11 @@ struct Bf16Stream {
   // widens four vectors and runs 4R FMAs (docs/performance.md#dm-native-pv-runs). Pb is the rows' P
   // rounded to bf16 (RoundRow), row stride pbs.
   template <int R, int G>
-  static CPUATTN_INLINE void PvRunsTile(const std::uint16_t* CPUATTN_RESTRICT pb, std::int64_t pbs,
-                                        const VRun<detail::Bf16>* runs, int nruns, std::int64_t c0,
-                                        std::int64_t v_stride, float* CPUATTN_RESTRICT acc_out,
-                                        std::int64_t acc_stride) {
+  static CPUATTN_ALWAYS_INLINE void PvRunsTile(const std::uint16_t* CPUATTN_RESTRICT pb,
+                                               std::int64_t pbs, const VRun<detail::Bf16>* runs,
+                                               int nruns, std::int64_t c0, std::int64_t v_stride,
+                                               float* CPUATTN_RESTRICT acc_out,
+                                               std::int64_t acc_stride) {
     __m512 acc[R][2 * G];
     CPUATTN_UNROLL(8)
     for (int r = 0; r < R; ++r) {

@@ -128,11 +128,12 @@ struct Bf16Tile {
 
   // Scores of R rows x W keys: S = qscale * (Qb . Kb panel), masked in the epilogue.
   template <int R, bool kMasked>
-  static CPUATTN_INLINE void ScoreTile(const std::uint32_t* CPUATTN_RESTRICT q, std::int64_t qs2,
-                                       std::int64_t dp2, const std::uint32_t* CPUATTN_RESTRICT kb,
-                                       float qscale, float* CPUATTN_RESTRICT s,
-                                       std::int64_t s_stride, std::int32_t col0,
-                                       const RowMask* rows, const MaskInfo& mi) {
+  static CPUATTN_ALWAYS_INLINE void ScoreTile(const std::uint32_t* CPUATTN_RESTRICT q,
+                                              std::int64_t qs2, std::int64_t dp2,
+                                              const std::uint32_t* CPUATTN_RESTRICT kb,
+                                              float qscale, float* CPUATTN_RESTRICT s,
+                                              std::int64_t s_stride, std::int32_t col0,
+                                              const RowMask* rows, const MaskInfo& mi) {
     constexpr int C = W / N;
     __m512 acc[R][C];
     CPUATTN_UNROLL(16)
@@ -184,8 +185,8 @@ struct Bf16Tile {
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
-  static CPUATTN_INLINE void RoundRow(const float* CPUATTN_RESTRICT s, std::int64_t ncols,
-                                      std::uint16_t* CPUATTN_RESTRICT pb) {
+  static CPUATTN_ALWAYS_INLINE void RoundRow(const float* CPUATTN_RESTRICT s, std::int64_t ncols,
+                                             std::uint16_t* CPUATTN_RESTRICT pb) {
     for (std::int64_t c = 0; c < ncols; c += 2 * N) {
       const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + c + N), _mm512_load_ps(s + c));
       _mm512_storeu_si512(pb + c, (__m512i)h);
@@ -194,10 +195,12 @@ struct Bf16Tile {
 
   // Acc[R][0:C vectors] += Pb[R][keys] . Vb chunk, over nk2 key pairs.
   template <int R, int C>
-  static CPUATTN_INLINE void PvTile(const std::uint32_t* CPUATTN_RESTRICT p, std::int64_t p_stride2,
-                                    const std::uint32_t* CPUATTN_RESTRICT vb, std::int64_t cw,
-                                    std::int64_t nk2, float* CPUATTN_RESTRICT acc_out,
-                                    std::int64_t acc_stride) {
+  static CPUATTN_ALWAYS_INLINE void PvTile(const std::uint32_t* CPUATTN_RESTRICT p,
+                                           std::int64_t p_stride2,
+                                           const std::uint32_t* CPUATTN_RESTRICT vb,
+                                           std::int64_t cw, std::int64_t nk2,
+                                           float* CPUATTN_RESTRICT acc_out,
+                                           std::int64_t acc_stride) {
     __m512 acc[R][C];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {

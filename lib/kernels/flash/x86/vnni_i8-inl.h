@@ -68,11 +68,12 @@ struct VnniI8 {
   // Acc[R][2G vectors from c0] += f[r] sum over the runs' keys of wi v, in int32 registers over
   // the whole block (|sum| <= Nk 32767 128 < 2^31 for Nk <= 512), converted once at the end.
   template <int R, int G>
-  static CPUATTN_INLINE void PvRunsI8Tile(const std::int16_t* CPUATTN_RESTRICT w, std::int64_t ws,
-                                          const float* f, const VRun<std::int8_t>* runs, int nruns,
-                                          std::int64_t c0, std::int64_t v_stride,
-                                          float* CPUATTN_RESTRICT acc_out,
-                                          std::int64_t acc_stride) {
+  static CPUATTN_ALWAYS_INLINE void PvRunsI8Tile(const std::int16_t* CPUATTN_RESTRICT w,
+                                                 std::int64_t ws, const float* f,
+                                                 const VRun<std::int8_t>* runs, int nruns,
+                                                 std::int64_t c0, std::int64_t v_stride,
+                                                 float* CPUATTN_RESTRICT acc_out,
+                                                 std::int64_t acc_stride) {
     static_assert(O::kBlockKeys <= 512, "int32 sums of a block's wi v could overflow");
     __m512i acc[R][2 * G];
     CPUATTN_UNROLL(8)
