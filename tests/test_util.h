@@ -85,6 +85,19 @@ inline std::vector<Backend> machine_backends() {
   return bs;
 }
 
+// Floats from a 64-byte boundary (the kernels' aligned operands: Qp rows, accumulators), the
+// first x.size() of them x, the rest 0.
+struct AlignedFloats {
+  std::vector<float> buf;
+  explicit AlignedFloats(std::size_t n) : buf(n + 16, 0.0f) {}
+  explicit AlignedFloats(const std::vector<float>& x) : buf(x.size() + 16, 0.0f) {
+    std::copy(x.begin(), x.end(), data());
+  }
+  float* data() {
+    return buf.data() + (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / 4;
+  }
+};
+
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {
   std::mt19937 rng(seed);

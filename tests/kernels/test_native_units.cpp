@@ -16,6 +16,7 @@
 #include "core/dtypes.h"
 #include "cpuattn/cpuattn.h"
 #include "micro_native.h"
+#include "test_util.h"
 
 namespace cpuattn::test {
 namespace {
@@ -24,29 +25,12 @@ const double kEps = std::numeric_limits<float>::epsilon();
 
 bool have_native() { return std::string(active_bf16_path()) == "avx512_bf16"; }
 
-// Floats from a 64-byte boundary (the units' aligned operands), zero-filled.
-struct Aligned {
-  std::vector<float> buf;
-  explicit Aligned(std::size_t n) : buf(n + 16, 0.0f) {}
-  float* data() {
-    return buf.data() + (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / 4;
-  }
-};
-
-std::vector<float> uniform(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (float& v : x) v = u(rng);
-  return x;
-}
-
 // n bf16 values (rounded from uniform [-1, 1)) as bits, and their exact values.
 struct Bf16Rows {
   std::vector<std::uint16_t> bits;
   std::vector<float> value;
   Bf16Rows(std::size_t n, std::uint32_t seed) {
-    for (float x : uniform(n, seed)) {
+    for (float x : random_floats(n, seed)) {
       bits.push_back(to_bf16(x));
       value.push_back(from_bf16(bits.back()));
     }
@@ -75,7 +59,7 @@ TEST(NativeUnits, TileScoresMatchDouble) {
         const detail::Problem p = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
                                           kv.bits.data(), kv.bits.data(), DType::bf16);
         const std::int64_t ncols = (nk + 63) / 64 * 64;
-        Aligned s(rows * ncols);
+        AlignedFloats s(rows * ncols);
         const float qscale = 0.125f;
         k.tile_scores(p, rows, nk, qscale, s.data(), ncols);
         for (int r = 0; r < rows; ++r)
@@ -104,8 +88,8 @@ TEST(NativeUnits, TilePvMatchesDouble) {
         const detail::Problem p = problem(rows, nk, 1, Dv, v.bits.data(), DType::bf16,
                                           v.bits.data(), v.bits.data(), DType::bf16);
         const std::int64_t ncols = (nk + 63) / 64 * 64, dvp = (Dv + 15) / 16 * 16;
-        Aligned pr(rows * ncols), acc(rows * dvp);
-        const auto pv = uniform(rows * nk, 4, 0.0f, 1.0f);
+        AlignedFloats pr(rows * ncols), acc(rows * dvp);
+        const auto pv = random_floats(rows * nk, 4, 0.0f, 1.0f);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t j = 0; j < nk; ++j) pr.data()[r * ncols + j] = pv[r * nk + j];
         k.tile_pv(p, rows, nk, pr.data(), ncols, acc.data(), dvp);
@@ -135,8 +119,8 @@ TEST(NativeUnits, HiLoScoresMatchDouble) {
         const detail::Problem p = problem(rows, nk, D, D, nullptr, DType::f32, kv.bits.data(),
                                           kv.bits.data(), DType::bf16);
         const std::int64_t qs = (D + 15) / 16 * 16 + (D + 31) / 32 * 32;  // TaskScratch's
-        Aligned qp(rows * qs), s(rows * nk);
-        const auto q = uniform(rows * D, 6);
+        AlignedFloats qp(rows * qs), s(rows * nk);
+        const auto q = random_floats(rows * D, 6);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t d = 0; d < D; ++d) qp.data()[r * qs + d] = q[r * D + d];
         k.hilo_scores(rows, qp.data(), qs, p, nk, s.data(), nk);
@@ -168,7 +152,7 @@ TEST(NativeUnits, PvRunsMatchDouble) {
           std::vector<std::uint16_t> v16;
           std::vector<std::int8_t> v8;
           std::vector<float> value(nk * Dv), vscale(nk);
-          const auto x = uniform(nk * Dv, 7);
+          const auto x = random_floats(nk * Dv, 7);
           if (vd == DType::bf16) {
             for (float f : x) v16.push_back(to_bf16(f));
             for (std::int64_t i = 0; i < nk * Dv; ++i) value[i] = from_bf16(v16[i]);
@@ -184,8 +168,8 @@ TEST(NativeUnits, PvRunsMatchDouble) {
           detail::Problem p = problem(rows, nk, 1, Dv, nullptr, DType::f32, vdata, vdata, vd);
           if (vd == DType::i8) p.v_scale = vscale.data(), p.v_scale_s[2] = 1;
           const std::int64_t ncols = (nk + 63) / 64 * 64;
-          Aligned pr(rows * ncols), acc(rows * Dv);
-          const auto pv = uniform(rows * nk, 8, 0.0f, 1.0f);
+          AlignedFloats pr(rows * ncols), acc(rows * Dv);
+          const auto pv = random_floats(rows * nk, 8, 0.0f, 1.0f);
           for (int r = 0; r < rows; ++r)
             for (std::int64_t j = 0; j < nk; ++j) pr.data()[r * ncols + j] = pv[r * nk + j];
           k.pv_runs(p, rows, nk, pr.data(), ncols, acc.data(), Dv);

@@ -63,25 +63,6 @@ struct Stored {
   }
 };
 
-std::vector<float> uniform(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (float& v : x) v = u(rng);
-  return x;
-}
-
-// n floats from a 64-byte boundary (the units' aligned operands: Qp rows, accumulators).
-struct Aligned {
-  std::vector<float> buf;
-  explicit Aligned(std::vector<float> x) : buf(x.size() + 16) {
-    std::copy(x.begin(), x.end(), data());
-  }
-  float* data() {
-    return buf.data() + (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / 4;
-  }
-};
-
 class Units : public ::testing::TestWithParam<Backend> {
  protected:
   const detail::MicroKernels& mk() const {
@@ -104,7 +85,7 @@ TEST_P(Units, WideningMatchesTheScalarDefinition) {
         for (std::size_t b = 0; b < size; ++b)
           in[i * size + b] = static_cast<std::uint8_t>(i >> (8 * b));
     } else {
-      std::vector<float> x = uniform(1000, 3, -1e6f, 1e6f);
+      std::vector<float> x = random_floats(1000, 3, -1e6f, 1e6f);
       for (float s : {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
                       std::numeric_limits<float>::denorm_min(), std::nanf("")})
         x.push_back(s);
@@ -190,9 +171,10 @@ class StreamScoreTester {
     const std::int64_t ks = D_ + 3, qs = (D_ + 15) / 16 * 16 + 32, s_stride = nk_ + 5;
     const Stored K(dtype_, nk_ * ks, 51);
     const bool scaled = needs_scales(dtype_);
-    Aligned q_buf(uniform(rows_ * qs, 52));  // Qp rows (vector-aligned, as TaskScratch lays them)
+    AlignedFloats q_buf(
+        random_floats(rows_ * qs, 52));  // Qp rows (vector-aligned, as TaskScratch lays them)
     const float* q = q_buf.data();
-    const std::vector<float> scale = uniform(nk_, 53, 0.001f, 0.01f);
+    const std::vector<float> scale = random_floats(nk_, 53, 0.001f, 0.01f);
     std::vector<float> s(rows_ * s_stride, 7.0f);
     if (runs_.empty()) {
       k.stream_dot(dtype_, rows_, q, qs, D_, K.data(), ks, nk_, scaled ? scale.data() : nullptr, 1,
@@ -265,8 +247,8 @@ TEST_P(Units, PvRunsMatchDouble) {
         const std::int64_t nk = 16, c0 = k.lanes, v_stride = c0 + C * k.lanes + 3;
         const std::int64_t p_stride = nk + 3, acc_stride = C * k.lanes + 16;
         const Stored V(d, nk * v_stride, 61);
-        const std::vector<float> p = uniform(R * p_stride, 62, 0.0f, 1.0f);
-        std::vector<float> acc = uniform(R * acc_stride + 64, 63);
+        const std::vector<float> p = random_floats(R * p_stride, 62, 0.0f, 1.0f);
+        std::vector<float> acc = random_floats(R * acc_stride + 64, 63);
         float* a = acc.data() + (64 - reinterpret_cast<std::uintptr_t>(acc.data()) % 64) % 64 / 4;
         const std::vector<float> before(a, a + R * acc_stride);
         std::vector<const void*> v;
@@ -300,7 +282,7 @@ TEST_P(Units, OutputEpilogueWritesTheNormalisedRow) {
         for (float m : {1.5f, -std::numeric_limits<float>::infinity()})
           for (float sink : {-std::numeric_limits<float>::infinity(), 0.7f}) {
             const std::int64_t H = 2, L = 3, h = 1, i = 2;
-            std::vector<float> arow_buf = uniform(Dv + 32, 71);
+            std::vector<float> arow_buf = random_floats(Dv + 32, 71);
             float* arow = arow_buf.data() +
                           (64 - reinterpret_cast<std::uintptr_t>(arow_buf.data()) % 64) % 64 / 4;
             std::vector<std::uint8_t> out((H * L * Dv + 16) * 4 + 64, 0xEE);
@@ -359,7 +341,7 @@ TEST_P(Units, SplitMergeMatchesDouble) {
         detail::Plan pl;
         pl.k_splits = splits;
         pl.partial_row_floats = Dv + 2;
-        std::vector<float> partials = uniform(rows * splits * (Dv + 2), 81);
+        std::vector<float> partials = random_floats(rows * splits * (Dv + 2), 81);
         pl.partials = partials.data();
         for (std::int64_t row = 0; row < rows; ++row)
           for (std::int64_t s = 0; s < splits; ++s) {
