@@ -1,7 +1,7 @@
-// `cpuattn serve-bench`: a simulated service in one process (tools/serve_bench.h): client threads
-// send prefill, decode and embedding requests through one shared Context; requests/s, tokens/s
-// and latency percentiles per kind, one row per client count; every response checked bitwise
-// against a serial recomputation (exit code 1 if any check fails).
+// `cpuattn serve-bench`: a simulated service in one process (tools/lib/serve_bench.h): client
+// threads send prefill, decode and embedding requests through one shared Context; requests/s,
+// tokens/s and latency percentiles per kind, one row per client count; every response checked
+// bitwise against a serial recomputation (exit code 1 if any check fails).
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
