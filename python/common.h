@@ -1,5 +1,5 @@
-// Helpers shared by the Python module's units (module.cpp, paged.cpp): NumPy arrays as the
-// library's views (no copies), argument parsing, cached contexts, and one call's kept arrays.
+// Helpers shared by the Python module's units (bindings.h): NumPy arrays as the library's views
+// (no copies), argument parsing, cached contexts, one call's kept arrays, and the locked KvCache.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
+#include "cpuattn/layers.h"
 
 namespace cpuattn_py {
 
@@ -366,7 +367,21 @@ struct VariantArgs {
   }
 };
 
-// python/paged.cpp: PagedKvCache, attention_paged, reference_attention_paged.
-void bind_paged(py::module_& m);
+// An input array held by `call`, viewed in its own dtype (uint16/int16 as bfloat16 when `bf16`).
+inline cpuattn::TensorView input_view(Call& call, const py::handle& obj, const char* name,
+                                      bool bf16 = false) {
+  py::array a = as_array(obj, name);
+  call.keep.push_back(a);
+  return make_view<cpuattn::TensorView>(a, dtype_of(a, name, bf16), name);
+}
+
+// A KvCache with a lock: append/decode mutate it with the GIL released, so two Python threads
+// using one cache are serialized instead of racing. KvCache (caches.cpp) owns it;
+// MultiHeadAttention (layers.cpp) makes and decodes with it.
+struct PyKvCache {
+  cpuattn::KvCache cache;
+  std::mutex mu;
+  explicit PyKvCache(cpuattn::KvCache c) : cache(std::move(c)) {}
+};
 
 }  // namespace cpuattn_py

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings.h"
 #include "common.h"
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/layers.h"

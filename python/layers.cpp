@@ -1,0 +1,152 @@
+// The layers of cpuattn/layers.h: MultiHeadAttention (self, cross and decoding with a KvCache).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "common.h"  // and cpuattn/layers.h
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn_py {
+namespace {
+
+using namespace pybind11::literals;
+
+std::optional<cpuattn::TensorView> optional_input(Call& call, const py::object& obj,
+                                                  const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return input_view(call, obj, name);
+}
+
+// [B, L, d_model] output of a layer: the caller's array or a new float32 one.
+std::pair<py::array, cpuattn::OutputView> layer_out(Call& call, const py::object& out_obj,
+                                                    std::vector<py::ssize_t> shape) {
+  py::array out = out_obj.is_none() ? new_array(DType::f32, shape) : writable(out_obj, "out");
+  call.keep.push_back(out);
+  return {out, make_view<cpuattn::OutputView>(out, dtype_of(out, "out", false), "out")};
+}
+
+std::vector<py::ssize_t> leading_shape(const py::array& x, py::ssize_t last) {
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  if (!shape.empty()) shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
+void bind_layers(py::module_& m) {
+  using Mha = cpuattn::MultiHeadAttention;
+  py::class_<Mha>(m, "MultiHeadAttention",
+                  "Multi-head attention, weights in the x W convention (W [in, out]); the "
+                  "weights are copied (packed) at construction.")
+      .def(py::init([](std::int64_t d_model, std::int64_t heads, const py::handle& wq,
+                       const py::handle& wk, const py::handle& wv, const py::handle& wo,
+                       std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
+                       const py::object& bq, const py::object& bk, const py::object& bv,
+                       const py::object& bo, bool bf16) {
+             Call call;
+             cpuattn::MhaWeights w;
+             w.wq = input_view(call, wq, "wq", bf16);
+             w.wk = input_view(call, wk, "wk", bf16);
+             w.wv = input_view(call, wv, "wv", bf16);
+             w.wo = input_view(call, wo, "wo", bf16);
+             w.bq = optional_input(call, bq, "bq");
+             w.bk = optional_input(call, bk, "bk");
+             w.bv = optional_input(call, bv, "bv");
+             w.bo = optional_input(call, bo, "bo");
+             return std::make_unique<Mha>(
+                 cpuattn::MhaConfig{d_model, heads, kv_heads, head_dim, value_dim}, w);
+           }),
+           "d_model"_a, "heads"_a, "wq"_a, "wk"_a, "wv"_a, "wo"_a, py::kw_only(), "kv_heads"_a = 0,
+           "head_dim"_a = 0, "value_dim"_a = 0, "bq"_a = py::none(), "bk"_a = py::none(),
+           "bv"_a = py::none(), "bo"_a = py::none(), "bf16"_a = false)
+      .def_property_readonly("d_model", [](const Mha& l) { return l.config().d_model; })
+      .def_property_readonly("heads", [](const Mha& l) { return l.config().heads; })
+      .def_property_readonly("kv_heads", [](const Mha& l) { return l.config().kv_heads; })
+      .def_property_readonly("head_dim", [](const Mha& l) { return l.config().head_dim; })
+      .def_property_readonly("value_dim", [](const Mha& l) { return l.config().value_dim; })
+      .def(
+          "forward",
+          [](const Mha& l, const py::handle& x, const py::handle& is_causal,
+             const py::object& attn_mask, const py::object& key_lengths,
+             std::optional<double> scale, const py::object& out, std::optional<int> threads,
+             CtxHandle* context) {
+            Call call;
+            const auto xv = input_view(call, x, "x");
+            call.set_masks(attn_mask, key_lengths, scale);
+            call.opts.causal = parse_causal(is_causal);
+            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            const ContextUse ctx = pick_context(threads, context);
+            {
+              py::gil_scoped_release nogil;
+              l.forward(xv, ov, call.opts, ctx);
+            }
+            return o;
+          },
+          "Self-attention: x [B, L, d_model] -> [B, L, d_model] (float32).", "x"_a, py::kw_only(),
+          "is_causal"_a = false, "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
+          "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
+          "context"_a = static_cast<CtxHandle*>(nullptr))
+      .def(
+          "forward_cross",
+          [](const Mha& l, const py::handle& xq, const py::handle& xkv, const py::object& attn_mask,
+             const py::object& key_lengths, std::optional<double> scale, const py::object& out,
+             std::optional<int> threads, CtxHandle* context) {
+            Call call;
+            const auto qv = input_view(call, xq, "xq");
+            const auto kv = input_view(call, xkv, "xkv");
+            call.set_masks(attn_mask, key_lengths, scale);
+            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            const ContextUse ctx = pick_context(threads, context);
+            {
+              py::gil_scoped_release nogil;
+              l.forward_cross(qv, kv, ov, call.opts, ctx);
+            }
+            return o;
+          },
+          "Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model].", "xq"_a, "xkv"_a,
+          py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
+          "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
+          "context"_a = static_cast<CtxHandle*>(nullptr))
+      .def(
+          "decode",
+          [](const Mha& l, const py::handle& x, PyKvCache& cache, const py::object& attn_mask,
+             const py::object& key_lengths, std::optional<double> scale, const py::object& out,
+             std::optional<int> threads, CtxHandle* context) {
+            Call call;
+            const auto xv = input_view(call, x, "x");
+            call.set_masks(attn_mask, key_lengths, scale);
+            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            const ContextUse ctx = pick_context(threads, context);
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(cache.mu);
+              l.decode(xv, cache.cache, ov, call.opts, ctx);
+            }
+            return o;
+          },
+          "One decoding step: appends the K/V of x [B, n, d_model] to cache, attends the n new "
+          "queries to every cached token (bottom-right causal); returns [B, n, d_model].",
+          "x"_a, "cache"_a, py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
+          "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
+          "context"_a = static_cast<CtxHandle*>(nullptr))
+      .def(
+          "make_cache",
+          [](const Mha& l, std::int64_t batch, std::int64_t capacity, bool growable,
+             const std::string& dtype) {
+            return std::make_unique<PyKvCache>(
+                l.make_cache(batch, capacity, growable, parse_dtype(dtype)));
+          },
+          "A KvCache shaped for this layer.", "batch"_a, "capacity"_a, "growable"_a = false,
+          "dtype"_a = "f32");
+}
+
+}  // namespace cpuattn_py
