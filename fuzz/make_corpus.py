@@ -4,7 +4,7 @@
 Run from anywhere with Debian's python3 (numpy comes from python3-numpy):
     /usr/bin/python3 fuzz/make_corpus.py
 It rewrites every seed, so the corpus always matches this script. libFuzzer starts from these
-files and mutates them; tools/fuzz runs on a copy, so fuzzing never writes here.
+files and mutates them; tools/scripts/fuzz runs on a copy, so fuzzing never writes here.
 """
 import io
 import os

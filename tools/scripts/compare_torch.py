@@ -2,9 +2,9 @@
 """cpuattn against torch's scaled_dot_product_attention, in one process, on the named shapes.
 
 Run with the interpreter the module is built for, the module's directory on PYTHONPATH:
-    PYTHONPATH=build/release/python tools/compare_torch.py [--shapes S1,P2] [--threads 1,2]
-                                                            [--repeat 5]
-(or /usr/bin/python3 tools/compare_torch.py ...). Prints a markdown table.
+    PYTHONPATH=build/release/python tools/scripts/compare_torch.py [--shapes S1,P2]
+                                                                    [--threads 1,2] [--repeat 5]
+(or /usr/bin/python3 tools/scripts/compare_torch.py ...). Prints a markdown table.
 
 For each shape and thread count: both sides are run once and their outputs compared (max abs
 difference, printed), then timed `--repeat` times, interleaved (cpuattn, torch, cpuattn, ...), and
