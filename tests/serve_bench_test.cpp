@@ -1,4 +1,4 @@
-// A small run of the service load test (tools/serve_bench.h): many clients on one shared
+// A small run of the service load test (tools/lib/serve_bench.h): many clients on one shared
 // Context, every response checked bitwise against a serial recomputation. Labelled
 // `concurrency`, so the tsan preset runs it under ThreadSanitizer; a few seconds there, well
 // under one in a release build.

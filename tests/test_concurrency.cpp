@@ -1,6 +1,6 @@
 // Many threads sharing one Context, calling every entry point at once: serially-equal results
 // (bitwise), no data race. CI runs these under ThreadSanitizer (`tools/check tsan`, against a
-// oneTBB built with TSan by tools/tbb-tsan), and in every other build as ordinary tests.
+// oneTBB built with TSan by tools/scripts/tbb-tsan), and in every other build as ordinary tests.
 //
 // Each "job" is one call of one entry point on its own inputs and outputs; a run executes every
 // job once serially to get the expected bytes, then many times from several threads at once.

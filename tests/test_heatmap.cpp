@@ -1,4 +1,4 @@
-// Tests of heatmap rendering (tools/heatmap.h) and of `cpuattn heatmap` (the built binary,
+// Tests of heatmap rendering (tools/lib/heatmap.h) and of `cpuattn heatmap` (the built binary,
 // CPUATTN_CLI_PATH, run in a temporary directory). PNGs are read back with libpng.
 #include <dirent.h>
 #include <gtest/gtest.h>

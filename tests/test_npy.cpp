@@ -1,4 +1,4 @@
-// Tests of the .npy reader/writer (tools/npy.h): round trips, every header version, one test per
+// Tests of the .npy reader/writer (tools/lib/npy.h): round trips, every header version, one test per
 // rejection reason, and robustness against truncated and corrupted input.
 #include <dirent.h>
 #include <gtest/gtest.h>
