@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace cpuattn::detail {
 
@@ -51,6 +52,40 @@ CPUATTN_ALWAYS_INLINE std::uint8_t f32_to_fp8_e4m3(float f) {
   const std::uint32_t rounded = r + 0x7ffffu + ((r >> 20) & 1u);
   return sign | static_cast<std::uint8_t>(rounded >> 20);
 }
+
+// The same bytes read at 2^-120 of their value (fp8_e4m3_to_f32(b) * 2^-120, exact: normal
+// bytes become f32 normals, subnormal bytes f32 subnormals), which saves LoadWide its multiply
+// and NaN fix: the decode units read K this way when Q was multiplied by 2^120 and V this way
+// when P was, each only where the bytes hold no NaN code (kernels/flash/fp8_lo-inl.h).
+struct Fp8E4M3Lo {
+  std::uint8_t bits;
+};
+inline constexpr float kFp8LoFactor = 0x1p120f;
+
+// Whether any of the n bytes at p is a NaN code. Eight bytes at a time: with the sign bits
+// cleared, adding 1 to a byte sets its top bit only for 0x7f, and no byte carries into the next.
+inline bool fp8_e4m3_any_nan(const std::uint8_t* p, std::int64_t n) {
+  constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kOnes = 0x0101010101010101ull;
+  std::uint64_t hit = 0;
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    hit |= (w & kLow7) + kOnes;
+  }
+  for (; i < n; ++i) hit |= static_cast<std::uint64_t>((p[i] & 0x7fu) + 1u);
+  return (hit & 0x8080808080808080ull) != 0;
+}
+
+template <>
+struct ElemTraits<Fp8E4M3Lo> {
+  static constexpr DType kDType = DType::fp8_e4m3;
+  static constexpr bool kScaled = true;
+  static constexpr NativeDot kNative = NativeDot::none;
+  static CPUATTN_ALWAYS_INLINE float ToFloat(Fp8E4M3Lo x) {
+    return fp8_e4m3_to_f32(x.bits) * (1.0f / kFp8LoFactor);
+  }
+};
 
 template <>
 struct ElemOf<DType::fp8_e4m3> {
@@ -108,6 +143,58 @@ CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
   return O::FromRaw(_mm_or_ps(f, _mm_castsi128_ps(nan)));
 #else
   return WidenViaMemory<O>(p);
+#endif
+}
+
+// Fp8E4M3Lo: LoadWide's first three operations (a NaN code reads as 480 * 2^-120; the callers
+// have ruled them out).
+template <class O>
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3Lo* p) {
+#if CPUATTN_SIMD_BITS == 512
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return O::FromRaw(_mm512_castsi512_ps(_mm512_and_si512(
+      _mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)))));
+#elif CPUATTN_SIMD_BITS == 256
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return O::FromRaw(_mm256_castsi256_ps(_mm256_and_si256(
+      _mm256_slli_epi32(v, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)))));
+#elif CPUATTN_SIMD_BITS == 128
+  std::int32_t four;
+  std::memcpy(&four, p, 4);
+  const __m128i v = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(four));
+  return O::FromRaw(_mm_castsi128_ps(
+      _mm_and_si128(_mm_slli_epi32(v, 20), _mm_set1_epi32(static_cast<int>(0x87f00000u)))));
+#else
+  return WidenViaMemory<O>(p);
+#endif
+}
+
+// Whether `rows` runs of n bytes, stride bytes apart, hold a NaN code (0x7f or 0xff): the
+// largest byte as signed (0x7f) and as unsigned (0xff), 32 bytes per step, two operations each
+// where detail::fp8_e4m3_any_nan takes twelve.
+template <class O>
+CPUATTN_ALWAYS_INLINE bool AnyNanCode(const std::uint8_t* p, std::int64_t rows, std::int64_t stride,
+                                      std::int64_t n) {
+#if CPUATTN_SIMD_BITS >= 256
+  __m256i ms = _mm256_set1_epi8(-128), mu = _mm256_setzero_si256();
+  bool tail = false;
+  const std::int64_t nv = n / 32 * 32;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint8_t* row = p + r * stride;
+    for (std::int64_t i = 0; i < nv; i += 32) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i));
+      ms = _mm256_max_epi8(ms, x);
+      mu = _mm256_max_epu8(mu, x);
+    }
+    if (nv < n) tail = tail || detail::fp8_e4m3_any_nan(row + nv, n - nv);
+  }
+  const __m256i hit = _mm256_or_si256(_mm256_cmpeq_epi8(ms, _mm256_set1_epi8(0x7f)),
+                                      _mm256_cmpeq_epi8(mu, _mm256_set1_epi8(-1)));
+  return tail || _mm256_movemask_epi8(hit) != 0;
+#else
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (detail::fp8_e4m3_any_nan(p + r * stride, n)) return true;
+  return false;
 #endif
 }
 

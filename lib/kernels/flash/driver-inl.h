@@ -21,6 +21,7 @@
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/config.h"
 #include "kernels/flash/epilogue-inl.h"
+#include "kernels/flash/fp8_lo-inl.h"
 #include "kernels/flash/geometry-inl.h"
 #include "kernels/flash/kv_pack-inl.h"
 #include "kernels/flash/pv-inl.h"
@@ -114,6 +115,7 @@ struct QueryBlock {
   int rows, head_rows;
   std::int64_t end_lo, end_hi, begin_hi, kb_first;
   detail::BlockPath path;
+  bool k_lo = false;  // Qp times 2^120, K read as Fp8E4M3Lo (fp8_lo-inl.h)
 };
 
 template <class O>
@@ -134,21 +136,23 @@ CPUATTN_ALWAYS_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const de
   return q;
 }
 
-// QUnit: the block's query rows into Qp.
+// QUnit: the block's query rows into Qp; returns whether they were multiplied by 2^120 for an
+// fp8 K read as Fp8E4M3Lo.
 template <class O, bool kNative>
-CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc,
+CPUATTN_ALWAYS_INLINE bool PackQueries(const detail::Problem& p, const TaskCoords& tc,
                                        const QueryBlock& q, const TaskBuffers& tb) {
   const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
   if (q.path.q == detail::QUnit::bf16) {
     if constexpr (kNative)
       Bf16Tile<O>::PackQ(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, (p.D + 1) / 2,
                          reinterpret_cast<std::uint16_t*>(tb.qp));
-    return;
+    return false;
   }
   PackQ<O>(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, qscale, tb.qs, tb.qp);
   if constexpr (kNative) {
     if (q.path.q == detail::QUnit::f32_hilo) Bf16Stream<O>::SplitQRows(tb.qp, q.rows, tb.qs, p.D);
   }
+  return PrescaleQForFp8K<O>(p, q.path, tb.qp, q.rows, tb.qs);
 }
 
 // The variants every score of a call goes through (soft-cap, ALiBi) and its mask kind.
@@ -279,10 +283,11 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
     case ScoreUnit::dot:
       if (hilo) {
         if constexpr (kNative)
-          ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s,
-                                 g.Nk);
+          ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
+                                 false);
       } else {
-        ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk);
+        ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
+                                q.k_lo);
       }
       break;
     case ScoreUnit::dot_runs:
@@ -323,11 +328,15 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
                              reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live, acc,
                              g.DvP);
       return;
-    case PvUnit::runs:
-      if (p.v_scale != nullptr)
-        ScalePByVScales<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk);
-      PvBlockRuns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, acc, g.DvP);
+    case PvUnit::runs: {
+      const bool v_lo = VBlockReadsLo<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live);
+      if (p.v_scale != nullptr || v_lo)
+        ScalePByVScales<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk,
+                           v_lo ? detail::kFp8LoFactor : 1.0f);
+      PvBlockRuns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, acc, g.DvP,
+                     v_lo);
       return;
+    }
     case PvUnit::runs_bf16:
       if constexpr (kNative)
         Bf16Stream<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, kb.ncols, hr.lo, hr.hi, tb.s,
@@ -412,8 +421,8 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   TaskBuffers tb = LayOutTask<O>(p, pl, tc, g, scratch);
   const MaskInfo mi = MaskInfoOf(p);
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
-    const QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
-    PackQueries<O, kNative>(p, tc, q, tb);
+    QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
+    q.k_lo = PackQueries<O, kNative>(p, tc, q, tb);
     clock.lap(Phase::pack_q);
     SetRowSlopes(p, tc, q, mi, tb.rm);
     RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, false, clock);

@@ -16,6 +16,7 @@
 #include "core/dtypes.h"
 #include "core/problem.h"
 #include "kernels/common/outer-inl.h"
+#include "kernels/flash/fp8_lo-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -147,21 +148,28 @@ void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, con
 }
 
 // P rows [r_lo, r_hi) times the per-key scales of V (keys [0, nk_live) of the block at kb0, K/V
-// head hk): the scale joins P after the softmax sum. Scales one per key in a row (the usual
-// [B, Hkv, Lk] layout) go whole vectors first.
+// head hk; 1 without scales), then times `factor` (a power of two: exact): the scale joins P
+// after the softmax sum. Scales one per key in a row (the usual [B, Hkv, Lk] layout) go whole
+// vectors first.
 template <class O>
 void ScalePByVScales(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
-                     std::int64_t nk_live, int r_lo, int r_hi, float* s, std::int64_t s_stride) {
+                     std::int64_t nk_live, int r_lo, int r_hi, float* s, std::int64_t s_stride,
+                     float factor) {
   constexpr int N = O::kLanes;
+  const float one = 1.0f;
+  const typename O::V vf = O::Set(factor);
   for (std::int64_t j0 = 0; j0 < nk_live;) {
     const std::int64_t nj = std::min(nk_live - j0, p.page_run(kb0 + j0));
-    const float* vs = p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hk * p.v_scale_s[1];
-    const std::int64_t nv = p.v_scale_s[2] == 1 ? nj / N * N : 0;
+    const bool scaled = p.v_scale != nullptr;
+    const float* vs =
+        scaled ? p.v_scale + p.key_off(p.v_scale_s, b, kb0 + j0) + hk * p.v_scale_s[1] : &one;
+    const std::int64_t vss = scaled ? p.v_scale_s[2] : 0;
+    const std::int64_t nv = vss == 1 ? nj / N * N : 0;
     for (int r = r_lo; r < r_hi; ++r) {
       float* sr = s + r * s_stride + j0;
       for (std::int64_t jj = 0; jj < nv; jj += N)
-        O::StoreU(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), sr + jj);
-      for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] *= vs[jj * p.v_scale_s[2]];
+        O::StoreU(O::Mul(O::Mul(O::LoadU(sr + jj), O::LoadU(vs + jj)), vf), sr + jj);
+      for (std::int64_t jj = nv; jj < nj; ++jj) sr[jj] = sr[jj] * vs[jj * vss] * factor;
     }
     j0 += nj;
   }
@@ -175,13 +183,13 @@ inline constexpr std::int64_t kStreamKeys = 16;
 // PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
 // [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
 // tile keeps its accumulators in registers across a paged block's pages. P is already scaled by
-// V's scales where V has them.
+// V's scales where V has them (and by 2^120 where V reads as Fp8E4M3Lo, `v_lo`).
 template <class O>
 void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                  std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
-                 float* acc, std::int64_t dvp) {
+                 float* acc, std::int64_t dvp, bool v_lo) {
   constexpr int CW = O::kPvCols * O::kLanes;
-  detail::with_elem(p.v.dtype, [&](auto t) {
+  WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
     const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
     VRun<T> vruns[O::kBlockKeys];

@@ -14,6 +14,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "kernels/flash/fp8_lo-inl.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
@@ -191,12 +192,12 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 // ScoreUnit::dot for the `rows` Qp rows (stride qs) of K/V head hk: keys [0, nk_live) of the
 // contiguous block at kb0 (task keys end at k1) into S rows of s_stride. V rows are prefetched
 // beside K for reduced-precision V only: with f32 V it moved the same time from P V into the
-// scores.
+// scores. k_lo: Qp was multiplied by 2^120 and an fp8 K reads as Fp8E4M3Lo (fp8_lo-inl.h).
 template <class O, bool kHiLo>
 void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                    std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
-                   std::int64_t qs, float* s, std::int64_t s_stride) {
-  detail::with_elem(p.k.dtype, [&](auto t) {
+                   std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo) {
+  WithReadElem(p.k.dtype, k_lo, [&](auto t) {
     using T = decltype(t);
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
     const T* K = static_cast<const T*>(p.k.data) + p.key_off(p.k.s, b, kb0) + hk * p.k.s[1];
@@ -208,6 +209,8 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
                                                     (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
                            s_stride, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+    if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
+      SetNanKeyScores<O>(&K->bits, p.k.s[2], p.D, nk_live, rows, s, s_stride);
   });
 }
 

@@ -171,7 +171,7 @@ struct VnniI8 {
   static void PvBlock(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                       std::int64_t nk_live, int r_lo, int r_hi, float* s, std::int64_t s_stride,
                       std::uint16_t* pb, float* acc, std::int64_t dvp) {
-    ScalePByVScales<O>(p, b, hk, kb0, nk_live, r_lo, r_hi, s, s_stride);
+    ScalePByVScales<O>(p, b, hk, kb0, nk_live, r_lo, r_hi, s, s_stride, 1.0f);
     auto* w = reinterpret_cast<std::int16_t*>(pb);
     float f[detail::kStreamRows];
     unsigned exact_rows = 0;
