@@ -329,12 +329,14 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
                              g.DvP);
       return;
     case PvUnit::runs: {
-      const bool v_lo = VBlockReadsLo<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live);
+      const bool v_lo = VScalesAllowLo(p, tc.b, hr.head, kb.kb0, kb.nk_live);
       if (p.v_scale != nullptr || v_lo)
         ScalePByVScales<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk,
                            v_lo ? detail::kFp8LoFactor : 1.0f);
       PvBlockRuns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, acc, g.DvP,
                      v_lo);
+      if (v_lo)
+        SetNanValueColumns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, acc, g.DvP);
       return;
     }
     case PvUnit::runs_bf16:
