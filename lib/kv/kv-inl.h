@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kv/elem.h"
 #include "simd/target_namespace.h"
@@ -38,5 +39,22 @@ CPUATTN_NAMESPACE_END
 #include "kv/fp8_e4m3.h"
 #include "kv/int8.h"
 #undef CPUATTN_KV_TARGET_PART
+
+CPUATTN_NAMESPACE_BEGIN
+
+// C vectors of consecutive elements. Fp8E4M3Lo widens two vectors at a time for less than
+// twice one (its LoadWidePair); the other types one vector after the other.
+template <class O, int C, class T>
+CPUATTN_ALWAYS_INLINE void LoadWideN(const T* p, typename O::V (&v)[C]) {
+  int j = 0;
+  if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>) {
+    CPUATTN_UNROLL(16)
+    for (; j + 1 < C; j += 2) LoadWidePair<O>(p + j * O::kLanes, v[j], v[j + 1]);
+  }
+  CPUATTN_UNROLL(32)
+  for (; j < C; ++j) v[j] = LoadWide<O>(p + j * O::kLanes);
+}
+
+CPUATTN_NAMESPACE_END
 
 #endif  // CPUATTN_KV_KV_INL_H_

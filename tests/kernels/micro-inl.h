@@ -83,6 +83,11 @@ void MicroWiden(DType dtype, const void* in, float* out, std::size_t n) {
     const T* x = static_cast<const T*>(in);
     constexpr std::size_t N = Ops::kLanes;
     std::size_t i = 0;
+    for (; i + 3 * N <= n; i += 3 * N) {  // LoadWideN: a pair, then one
+      typename Ops::V v[3];
+      LoadWideN<Ops, 3>(x + i, v);
+      for (std::size_t j = 0; j < 3; ++j) Ops::StoreU(v[j], out + i + j * N);
+    }
     for (; i + N <= n; i += N) Ops::StoreU(LoadWide<Ops>(x + i), out + i);
     if (i < n) {
       alignas(64) float tail[N];

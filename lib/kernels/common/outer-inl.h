@@ -25,11 +25,9 @@ CPUATTN_ALWAYS_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std:
                                            std::int64_t b_stride, std::int64_t K,
                                            typename O::V (&acc)[R][C]) {
   using V = typename O::V;
-  constexpr int N = O::kLanes;
   for (std::int64_t k = 0; k < K; ++k) {
     V bv[C];
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) bv[j] = LoadWide<O>(b + k * b_stride + j * N);
+    LoadWideN<O, C>(b + k * b_stride, bv);
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       const V av = O::Set(a[k * a_k + r * a_r]);

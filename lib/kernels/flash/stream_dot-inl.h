@@ -149,7 +149,18 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
     typename O::V acc[R];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) acc[r] = O::Zero();
-    for (std::int64_t d = 0; d < dv; d += N) {
+    // Two vectors per step (LoadWideN: fp8 read as Fp8E4M3Lo widens a pair for less); each
+    // accumulator takes its products in the same order as one vector per step.
+    std::int64_t d = 0;
+    for (; d + 2 * N <= dv; d += 2 * N) {
+      typename O::V kv[2];
+      LoadWideN<O, 2>(krow + d, kv);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d), kv[0], acc[r]);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d + N), kv[1], acc[r]);
+    }
+    for (; d < dv; d += N) {
       const typename O::V kv = LoadWide<O>(krow + d);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) acc[r] = O::MulAdd(O::Load(qd + r * dp + d), kv, acc[r]);
