@@ -149,10 +149,12 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
     typename O::V acc[R];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) acc[r] = O::Zero();
-    // Two vectors per step (LoadWideN: fp8 read as Fp8E4M3Lo widens a pair for less); each
-    // accumulator takes its products in the same order as one vector per step.
+    // fp8 read as Fp8E4M3Lo two vectors per step (LoadWideN widens a pair for less), each
+    // accumulator taking its products in the same order as one vector per step; the other types
+    // one vector per step (two per step ran f32 keys a little slower).
     std::int64_t d = 0;
-    for (; d + 2 * N <= dv; d += 2 * N) {
+    constexpr bool kPairs = std::is_same_v<T, detail::Fp8E4M3Lo>;
+    for (; kPairs && d + 2 * N <= dv; d += 2 * N) {
       typename O::V kv[2];
       LoadWideN<O, 2>(krow + d, kv);
       CPUATTN_UNROLL(16)
