@@ -108,46 +108,9 @@ struct ElemTraits<Fp8E4M3> {
 #ifdef CPUATTN_KV_TARGET_PART
 CPUATTN_NAMESPACE_BEGIN
 
-// The byte sign-extended to 32 bits and shifted left by 20 is sign | exponent | mantissa of the
-// f32 whose bits they are, 2^-120 times the value (subnormal bytes give f32 subnormals, whose
-// product is exact too); times 2^120 (exact) gives the value. The NaN pattern (magnitude 0x7f)
-// becomes all ones, an f32 NaN. Four integer and two float operations per vector; a conversion
-// through binary16 (vcvtph2ps) was slower on AVX2 (docs/performance.md#dm-fp8-widening).
-template <class O>
-CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
-#if CPUATTN_SIMD_BITS == 512
-  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i h =
-      _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
-  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_slli_epi32(v, 25),
-                                                _mm512_set1_epi32(static_cast<int>(0xfe000000u)));
-  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(h), _mm512_set1_ps(0x1p120f));
-  return O::FromRaw(_mm512_mask_blend_ps(nan, f, _mm512_castsi512_ps(_mm512_set1_epi32(-1))));
-#elif CPUATTN_SIMD_BITS == 256
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i h =
-      _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
-  const __m256i nan = _mm256_cmpeq_epi32(_mm256_slli_epi32(v, 25),
-                                         _mm256_set1_epi32(static_cast<int>(0xfe000000u)));
-  const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(h), _mm256_set1_ps(0x1p120f));
-  return O::FromRaw(_mm256_or_ps(f, _mm256_castsi256_ps(nan)));
-#elif CPUATTN_SIMD_BITS == 128
-  std::int32_t four;
-  std::memcpy(&four, p, 4);
-  const __m128i v = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(four));
-  const __m128i h =
-      _mm_and_si128(_mm_slli_epi32(v, 20), _mm_set1_epi32(static_cast<int>(0x87f00000u)));
-  const __m128i nan =
-      _mm_cmpeq_epi32(_mm_slli_epi32(v, 25), _mm_set1_epi32(static_cast<int>(0xfe000000u)));
-  const __m128 f = _mm_mul_ps(_mm_castsi128_ps(h), _mm_set1_ps(0x1p120f));
-  return O::FromRaw(_mm_or_ps(f, _mm_castsi128_ps(nan)));
-#else
-  return WidenViaMemory<O>(p);
-#endif
-}
-
-// Fp8E4M3Lo: LoadWide's first three operations (a NaN code reads as 480 * 2^-120; the callers
-// have ruled them out).
+// Fp8E4M3Lo: the byte sign-extended to 32 bits and shifted left by 20 is sign | exponent |
+// mantissa of the f32 whose bits they are, 2^-120 times the value (subnormal bytes give f32
+// subnormals). A NaN code reads as 480 * 2^-120; the callers have ruled them out.
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3Lo* p) {
 #if CPUATTN_SIMD_BITS == 512
@@ -164,6 +127,34 @@ CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3Lo* p) {
   const __m128i v = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(four));
   return O::FromRaw(_mm_castsi128_ps(
       _mm_and_si128(_mm_slli_epi32(v, 20), _mm_set1_epi32(static_cast<int>(0x87f00000u)))));
+#else
+  return WidenViaMemory<O>(p);
+#endif
+}
+
+// Fp8E4M3: the Lo reading times 2^120 (exact, subnormals too), and the NaN codes (Lo magnitude
+// bits 0x07f00000, so the bits shifted left by one are 0x0fe00000) all ones, an f32 NaN. Seven
+// operations per vector; a conversion through binary16 (vcvtph2ps) was slower on AVX2
+// (docs/performance.md#dm-fp8-widening).
+template <class O>
+CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3* p) {
+#if CPUATTN_SIMD_BITS == 512
+  const __m512 lo = O::ToRaw(LoadWide<O>(reinterpret_cast<const detail::Fp8E4M3Lo*>(p)));
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_slli_epi32(_mm512_castps_si512(lo), 1),
+                                                _mm512_set1_epi32(0x0fe00000));
+  return O::FromRaw(_mm512_mask_blend_ps(nan, _mm512_mul_ps(lo, _mm512_set1_ps(0x1p120f)),
+                                         _mm512_castsi512_ps(_mm512_set1_epi32(-1))));
+#elif CPUATTN_SIMD_BITS == 256
+  const __m256 lo = O::ToRaw(LoadWide<O>(reinterpret_cast<const detail::Fp8E4M3Lo*>(p)));
+  const __m256i nan = _mm256_cmpeq_epi32(_mm256_slli_epi32(_mm256_castps_si256(lo), 1),
+                                         _mm256_set1_epi32(0x0fe00000));
+  return O::FromRaw(
+      _mm256_or_ps(_mm256_mul_ps(lo, _mm256_set1_ps(0x1p120f)), _mm256_castsi256_ps(nan)));
+#elif CPUATTN_SIMD_BITS == 128
+  const __m128 lo = O::ToRaw(LoadWide<O>(reinterpret_cast<const detail::Fp8E4M3Lo*>(p)));
+  const __m128i nan =
+      _mm_cmpeq_epi32(_mm_slli_epi32(_mm_castps_si128(lo), 1), _mm_set1_epi32(0x0fe00000));
+  return O::FromRaw(_mm_or_ps(_mm_mul_ps(lo, _mm_set1_ps(0x1p120f)), _mm_castsi128_ps(nan)));
 #else
   return WidenViaMemory<O>(p);
 #endif
