@@ -110,7 +110,8 @@ CPUATTN_NAMESPACE_BEGIN
 
 // Fp8E4M3Lo: the byte sign-extended to 32 bits and shifted left by 20 is sign | exponent |
 // mantissa of the f32 whose bits they are, 2^-120 times the value (subnormal bytes give f32
-// subnormals). A NaN code reads as 480 * 2^-120; the callers have ruled them out.
+// subnormals). A NaN code reads as +-480 * 2^-120 (NaN through WidenViaMemory); the callers find
+// NaN codes themselves.
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Fp8E4M3Lo* p) {
 #if CPUATTN_SIMD_BITS == 512

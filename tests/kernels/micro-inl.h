@@ -97,6 +97,18 @@ void MicroWiden(DType dtype, const void* in, float* out, std::size_t n) {
   });
 }
 
+void MicroWidenFp8Lo(const std::uint8_t* in, float* out, std::size_t n) {
+  const auto* x = reinterpret_cast<const detail::Fp8E4M3Lo*>(in);
+  constexpr std::size_t N = Ops::kLanes;
+  std::size_t i = 0;
+  for (; i + 3 * N <= n; i += 3 * N) {
+    typename Ops::V v[3];
+    LoadWideN<Ops, 3>(x + i, v);
+    for (std::size_t j = 0; j < 3; ++j) Ops::StoreU(v[j], out + i + j * N);
+  }
+  for (; i + N <= n; i += N) Ops::StoreU(LoadWide<Ops>(x + i), out + i);
+}
+
 void MicroPackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                 std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp) {
   PackQ<Ops>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
@@ -170,6 +182,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .pack_kv = &MicroPackKV,
                                           .softmax_row = &MicroSoftmaxRow,
                                           .widen = &MicroWiden,
+                                          .widen_fp8_lo = &MicroWidenFp8Lo,
                                           .pack_q = &MicroPackQ,
                                           .stream_dot = &MicroStreamDot,
                                           .stream_runs = &MicroStreamRuns,

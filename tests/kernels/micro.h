@@ -44,6 +44,9 @@ struct MicroKernels {
   // n elements of a K/V dtype widened to f32 (kv/<type>.h LoadWide: whole vectors, then
   // LoadWidePartial for the tail).
   void (*widen)(DType dtype, const void* in, float* out, std::size_t n);
+  // n fp8_e4m3 bytes read as Fp8E4M3Lo, the decode units' reading at 2^-120 of the value
+  // (kv/fp8_e4m3.h: LoadWideN's pairs, then single vectors; n a whole number of vectors).
+  void (*widen_fp8_lo)(const std::uint8_t* in, float* out, std::size_t n);
   // QUnit::f32 (q_pack-inl.h): rows of a query block into Qp, scaled, row stride qs.
   void (*pack_q)(const Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                  std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp);

@@ -108,6 +108,34 @@ TEST_P(Units, WideningMatchesTheScalarDefinition) {
   }
 }
 
+// Fp8E4M3Lo, the decode reading: every byte, at every position of a vector and of a pair, is
+// 2^-120 times its exact value (times 2^120 gives that value, sign of zero included), and a NaN
+// code reads as +-480 * 2^-120 or NaN (the units that read it find NaN codes themselves).
+TEST_P(Units, Fp8LoReadingIsTheValueTimesTwoToTheMinus120) {
+  const auto& k = mk();
+  const std::size_t N = static_cast<std::size_t>(k.lanes);
+  std::vector<std::uint8_t> in(2 * 256 + 3 * N);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<std::uint8_t>(i < 256 ? i : (i * 37 + 11) % 256);
+  for (std::size_t n : {in.size() / N * N, 256 - N}) {
+    std::vector<float> out(n, 7.0f);
+    k.widen_fp8_lo(in.data(), out.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint8_t b = in[i];
+      const float got = out[i] * 0x1p120f;
+      if ((b & 0x7f) == 0x7f) {
+        if (!std::isnan(got)) {
+          ASSERT_EQ(got, (b & 0x80) ? -480.0f : 480.0f) << "byte " << int(b) << ", element " << i;
+        }
+        continue;
+      }
+      const float want = detail::load_as_float(&in[i], DType::fp8_e4m3, 0);
+      ASSERT_EQ(got, want) << "byte " << int(b) << ", element " << i << " of " << n;
+      ASSERT_EQ(std::signbit(got), std::signbit(want)) << "byte " << int(b);
+    }
+  }
+}
+
 // QUnit::f32: Qp[r][d] = round(q[r][d] * qscale) for the block's rows (position-major over the
 // block's heads), zero from D to the row stride, for every Q dtype and ragged D.
 TEST_P(Units, PackQScalesRowsAndZeroPads) {
