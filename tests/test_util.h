@@ -27,33 +27,46 @@
 
 namespace cpuattn::test {
 
-// Whether the largest grids run thinned: in a sanitizer build (unless CPUATTN_FULL_GRID=1). The
-// sanitizers find memory errors and UB that depend on the code path (sizes, tails, masks, targets,
-// layouts), which a thinned grid still walks; running every case under ASan took about 10 of CI's
-// 32 minutes on 2 cores. The release job runs every case.
+// Whether the largest grids run thinned: in a sanitizer build (unless CPUATTN_FULL_GRID=1), and
+// wherever CPUATTN_TEST_QUICK=1 (the emulated ARM runs of tools/check aarch64). The sanitizers
+// find memory errors and UB that depend on the code path (sizes, tails, masks, targets, layouts),
+// which a thinned grid still walks; running every case under ASan took about 10 of CI's 32
+// minutes on 2 cores, and emulation is slower still. The release job runs every case.
 inline bool thin_grids() {
+  static const bool thin = [] {
+    const char* quick = std::getenv("CPUATTN_TEST_QUICK");
+    if (quick != nullptr && std::string(quick) == "1") return true;
 #ifdef CPUATTN_TEST_SANITIZED
-  static const bool full = [] {
     const char* e = std::getenv("CPUATTN_FULL_GRID");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return !full;
+    return e == nullptr || std::string(e) != "1";
 #else
-  return false;
+    return false;
 #endif
+  }();
+  return thin;
 }
 
 // Whether case n of a grid runs: every case, or in thinned grids every stride-th (a stride
 // coprime to the periods of the grid's parameters, so each still takes every value).
 inline bool grid_case_runs(int n, int stride) { return !thin_grids() || n % stride == 0; }
 
-// The targets this CPU runs; a test caps a Context at each (Context::set_max_target).
+// Whether this CPU and build run target t (a cap of another architecture's target is refused).
+inline bool machine_runs(Target t) {
+  Context c(0);
+  try {
+    c.set_max_target(t);
+  } catch (const Error&) {
+    return false;
+  }
+  return active_target(&c) == t;
+}
+
+// The targets this CPU runs, best first (avx512_bf16 has its own tests); a test caps a Context at
+// each (Context::set_max_target).
 inline std::vector<Target> machine_targets() {
   std::vector<Target> ts;
-  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
-    Context c(0);
-    c.set_max_target(t);
-    if (active_target(&c) == t) ts.push_back(t);
+  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::neon, Target::scalar}) {
+    if (machine_runs(t)) ts.push_back(t);
   }
   return ts;
 }

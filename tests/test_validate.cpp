@@ -1,5 +1,6 @@
 // Every argument check of the public entry points: the error names the argument and the shapes,
 // and the output is left untouched.
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -211,6 +212,26 @@ TEST(Validate, ContextAndTargets) {
   EXPECT_THROW(Context(-1), Error);
   EXPECT_THROW(parse_target("avx1024"), Error);
   EXPECT_EQ(parse_target("avx2"), Target::avx2);
+  EXPECT_EQ(parse_target("neon"), Target::neon);
+  // A cap names a target of the library's architecture; a refused cap changes nothing.
+  Context c;
+  c.set_max_target(Target::scalar);
+#if defined(__x86_64__)
+  expect_error_mentioning([&] { c.set_max_target(Target::neon); }, "'neon'");
+#elif defined(__aarch64__)
+  expect_error_mentioning([&] { c.set_max_target(Target::avx2); }, "'avx2'");
+#endif
+  EXPECT_EQ(c.max_target(), Target::scalar);
+}
+
+// The target dispatch picks on this CPU is the one CPUATTN_EXPECT_TARGET names (set by
+// tools/check aarch64 per emulated CPU model); the best one supported_targets() lists.
+TEST(Dispatch, PicksTheExpectedTarget) {
+  const char* expected = std::getenv("CPUATTN_EXPECT_TARGET");
+  if (expected == nullptr) GTEST_SKIP() << "CPUATTN_EXPECT_TARGET is not set";
+  EXPECT_STREQ(target_name(active_target()), expected);
+  const std::string all = supported_targets();
+  EXPECT_EQ(all.substr(0, all.find(',')), expected) << all;
 }
 
 }  // namespace

@@ -266,14 +266,20 @@ struct AttentionOptions {
   std::optional<OutputView> weights;
 };
 
-// Instruction sets the fast path can be capped to. `best` means no cap. avx512_bf16 is AVX-512
-// with the AVX512-BF16 dot product (vdpbf16ps): f32 calls run the avx512 kernels there, calls with
-// bf16 Q and K/V run the native bf16 kernel. A cap of avx512 keeps AVX-512 but makes bf16 calls
-// take the portable path (convert to f32 while packing), so that path is testable on any CPU.
-enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, avx512_bf16, best };
+// Instruction sets the fast path can be capped to, named by capability. `best` means no cap.
+// x86-64, in order: scalar, sse4, avx2, avx512, avx512_bf16. avx512_bf16 is AVX-512 with the
+// AVX512-BF16 dot product (vdpbf16ps): f32 calls run the avx512 kernels there, calls with bf16 Q
+// and K/V run the native bf16 kernel. A cap of avx512 keeps AVX-512 but makes bf16 calls take the
+// portable path (convert to f32 while packing), so that path is testable on any CPU.
+// aarch64, in order: scalar, neon (Advanced SIMD, every ARMv8-A server core). The ARM names come
+// after `best` so that the values of the x86 names stay.
+// A cap names a target of the architecture the library was built for (set_max_target throws
+// otherwise).
+enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, avx512_bf16, best, neon };
 
 CPUATTN_API const char* target_name(Target target);
-// Parses "scalar", "sse4", "avx2", "avx512", "avx512_bf16" or "best"; throws Error otherwise.
+// Parses "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "neon" or "best";
+// throws Error otherwise.
 CPUATTN_API Target parse_target(const std::string& name);
 
 // The portable SIMD library the kernels are compiled with. Both run the same kernels (same

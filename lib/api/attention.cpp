@@ -116,8 +116,12 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   const PlanSet set = plan_set(ps, n, choice, call);
   if (rec != nullptr) record_set(ps, set, *rec);
   const FlashKernels& portable = flash_kernels(choice);
+#if defined(__x86_64__)
   const FlashKernels& native =
       choice.target == Target::avx512_bf16 ? native_flash_kernels() : portable;
+#else
+  const FlashKernels& native = portable;  // no native unit is built here (lib/CMakeLists.txt)
+#endif
   const auto kernels = [&](std::size_t i) -> const FlashKernels& {
     return set.plans[i].path.unit == FlashUnit::avx512_bf16 ? native : portable;
   };

@@ -21,6 +21,7 @@
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/cpuattn_c.h"
 #include "cpuattn/layers.h"
+#include "dispatch/dispatch.h"
 
 #if !defined(CPUATTN_VERSION_MAJOR) || !defined(CPUATTN_VERSION_MINOR) || \
     !defined(CPUATTN_VERSION_PATCH) || !defined(CPUATTN_VERSION_STRING)
@@ -136,9 +137,9 @@ DType to_dtype(const cpuattn_dtype& d, const char* name, const char* suffix = ""
 
 cpuattn::Target to_target(const cpuattn_target& t, const char* name) {
   const long long v = raw(t);
-  if (v < 0 || v > static_cast<long long>(cpuattn::Target::best)) {
+  if (v < 0 || v > static_cast<long long>(cpuattn::detail::kLastTarget)) {
     fail(std::string(name) + " " + std::to_string(v) +
-         " is not a cpuattn_target (CPUATTN_TARGET_SCALAR .. CPUATTN_TARGET_BEST)");
+         " is not a cpuattn_target (CPUATTN_TARGET_SCALAR .. CPUATTN_TARGET_NEON)");
   }
   return static_cast<cpuattn::Target>(v);
 }
@@ -399,7 +400,7 @@ const char* cpuattn_dtype_name(cpuattn_dtype dtype) {
 
 const char* cpuattn_target_name(cpuattn_target target) {
   const long long v = raw(target);
-  if (v < 0 || v > static_cast<long long>(cpuattn::Target::best)) return "unknown";
+  if (v < 0 || v > static_cast<long long>(cpuattn::detail::kLastTarget)) return "unknown";
   return cpuattn::target_name(static_cast<cpuattn::Target>(v));
 }
 

@@ -15,7 +15,8 @@ namespace cpuattn {
 namespace {
 
 // The names of an enum's values, in order, and the parsing every name-taking option shares.
-constexpr const char* kTargetNames[] = {"scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best"};
+constexpr const char* kTargetNames[] = {"scalar",      "sse4", "avx2", "avx512",
+                                        "avx512_bf16", "best", "neon"};
 constexpr const char* kSimdNames[] = {"highway", "xsimd"};
 
 template <class E, std::size_t N>
@@ -37,6 +38,18 @@ E parse_name(const std::string& name, const char* const (&names)[N], const char*
 }  // namespace
 
 const char* target_name(Target target) { return name_of(target, kTargetNames); }
+
+namespace {
+
+// "scalar, sse4, avx2, avx512, avx512_bf16 or best" on x86-64: the caps this build accepts.
+std::string architecture_target_list() {
+  std::string s;
+  for (Target t : detail::architecture_targets()) s += std::string(target_name(t)) + ", ";
+  return s.substr(0, s.size() - 2) + " or best";
+}
+
+}  // namespace
+
 Target parse_target(const std::string& name) {
   return parse_name<Target>(name, kTargetNames, "target");
 }
@@ -66,9 +79,15 @@ Context::~Context() = default;
 int Context::num_threads() const { return impl_->num_threads; }
 void Context::set_max_target(Target target) {
   // Found by fuzz_validate: a value outside the enum indexed the dispatch table out of bounds.
-  if (static_cast<unsigned>(target) > static_cast<unsigned>(Target::best)) {
+  if (static_cast<unsigned>(target) > static_cast<unsigned>(detail::kLastTarget)) {
     throw Error("cpuattn: set_max_target: " + std::to_string(static_cast<int>(target)) +
-                " is not a Target (scalar, sse4, avx2, avx512, avx512_bf16 or best)");
+                " is not a Target (" + architecture_target_list() + ")");
+  }
+  const auto own = detail::architecture_targets();
+  if (target != Target::best && std::find(own.begin(), own.end(), target) == own.end()) {
+    throw Error("cpuattn: set_max_target: '" + std::string(target_name(target)) +
+                "' is not a target of this build's architecture (" + architecture_target_list() +
+                ")");
   }
   impl_->max_target.store(target);
 }
@@ -137,8 +156,9 @@ Simd active_simd(const Context* context) { return detail::choose(context).provid
 std::string supported_targets() {
   std::string s;
   Target last = Target::best;
-  for (Target cap :
-       {Target::avx512_bf16, Target::avx512, Target::avx2, Target::sse4, Target::scalar}) {
+  const auto own = detail::architecture_targets();
+  for (auto it = own.rbegin(); it != own.rend(); ++it) {
+    const Target cap = *it;
     const Target t = detail::choose(cap, Simd::highway).target;
     if (t == last) continue;
     if (!s.empty()) s += ",";

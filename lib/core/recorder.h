@@ -33,13 +33,18 @@ namespace cpuattn::detail {
 
 inline constexpr bool kInstrumented = CPUATTN_INSTRUMENT != 0;
 
-// The time-stamp counter where there is one (a read costs a few tens of cycles,
-// docs/performance.md#dm-tsc-read-cost; its rate is calibrated against the steady clock over each
-// call), else the steady clock in ns.
+// A constant-rate counter where there is one: the x86 time-stamp counter (a read costs a few tens
+// of cycles, docs/performance.md#dm-tsc-read-cost) or ARMv8's virtual counter CNTVCT_EL0 (readable
+// from user space on Linux; a lower rate, tens of MHz, still far finer than a task). Its rate is
+// calibrated against the steady clock over each call. Else the steady clock in ns.
 std::uint64_t steady_ticks();
 CPUATTN_ALWAYS_INLINE std::uint64_t ticks() {
 #if defined(__x86_64__) || defined(__i386__)
   return __rdtsc();
+#elif defined(__aarch64__)
+  std::uint64_t t;
+  asm volatile("mrs %0, cntvct_el0" : "=r"(t));
+  return t;
 #else
   return steady_ticks();
 #endif

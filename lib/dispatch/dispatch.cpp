@@ -13,23 +13,45 @@
 namespace cpuattn::detail {
 namespace {
 
-// Highway target bits a cap excludes (a lower bit is a better target on x86).
+#if HWY_ARCH_X86
+constexpr Target kOrder[] = {Target::scalar, Target::sse4, Target::avx2, Target::avx512,
+                             Target::avx512_bf16};
+#elif HWY_ARCH_ARM_A64
+constexpr Target kOrder[] = {Target::scalar, Target::neon};
+#else
+constexpr Target kOrder[] = {Target::scalar};
+#endif
+
+bool in_order(Target t) {
+  for (Target o : kOrder) {
+    if (o == t) return true;
+  }
+  return false;
+}
+
+// The Highway targets a name covers (avx512_bf16: AVX-512's, plus the native unit's CPU check).
+std::int64_t hwy_bits(Target t) {
+  switch (t) {
+    case Target::sse4:
+      return HWY_SSE4 | HWY_SSSE3;
+    case Target::avx2:
+      return HWY_AVX2;
+    case Target::avx512:
+      return HWY_AVX3 | HWY_AVX3_DL;
+    case Target::neon:
+      return HWY_NEON;
+    default:
+      return 0;
+  }
+}
+
+// Highway target bits a cap excludes: those of every target above it in this architecture's order.
 std::int64_t excluded_by(Target cap) {
   std::int64_t excluded = 0;
-  switch (cap) {
-    case Target::scalar:
-      excluded |= HWY_SSE4 | HWY_SSSE3;
-      [[fallthrough]];
-    case Target::sse4:
-      excluded |= HWY_AVX2;
-      [[fallthrough]];
-    case Target::avx2:
-      excluded |= HWY_AVX3 | HWY_AVX3_DL;
-      [[fallthrough]];
-    case Target::avx512:
-    case Target::avx512_bf16:
-    case Target::best:
-      break;
+  bool above = false;
+  for (Target t : kOrder) {
+    if (above) excluded |= hwy_bits(t);
+    above = above || t == cap;
   }
   return excluded;
 }
@@ -48,6 +70,9 @@ bool cpu_has_avx512_bf16() {
 }
 
 Choice compute(Target cap, Simd provider) {
+  // Context::set_max_target admits only this architecture's names; the table below is filled for
+  // every value, and another architecture's name caps to the portable target.
+  if (cap != Target::best && !in_order(cap)) cap = Target::scalar;
   // CPU support comes from Highway's CPUID for both providers: the xsimd units are built for
   // exactly the instruction sets of Highway's SSE4, AVX2 and AVX3 targets (lib/CMakeLists.txt).
   const std::int64_t allowed = hwy::SupportedTargets() & ~excluded_by(cap);
@@ -59,17 +84,19 @@ Choice compute(Target cap, Simd provider) {
   c.hwy_index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<std::uint64_t>(mask));
   const std::int64_t compiled = allowed & HWY_TARGETS;
   const std::int64_t best = compiled & -compiled;
-  c.target = (best & (HWY_AVX3 | HWY_AVX3_DL)) != 0 ? Target::avx512
-             : (best & HWY_AVX2) != 0               ? Target::avx2
-             : (best & (HWY_SSE4 | HWY_SSSE3)) != 0 ? Target::sse4
-                                                    : Target::scalar;
+  c.target = Target::scalar;
+  for (Target t : kOrder) {
+    if ((best & hwy_bits(t)) != 0) c.target = t;
+  }
   // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
   // the AVX-512 target Highway found, and a cap that admits it.
   if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
       cpu_has_avx512_bf16())
     c.target = Target::avx512_bf16;
-  // xsimd covers the x86 SIMD instruction sets; below SSE4 the portable Highway target runs.
-  c.provider = provider == Simd::xsimd && c.target != Target::scalar ? Simd::xsimd : Simd::highway;
+  // xsimd covers the x86 SIMD instruction sets; below SSE4 (and off x86) Highway's units run.
+  c.provider = CPUATTN_HAS_XSIMD_UNITS && provider == Simd::xsimd && c.target != Target::scalar
+                   ? Simd::xsimd
+                   : Simd::highway;
   return c;
 }
 
@@ -77,16 +104,18 @@ Choice compute(Target cap, Simd provider) {
 
 const Choice& choose(Target cap, Simd provider) {
   static const auto table = [] {
-    std::array<std::array<Choice, 2>, 6> t{};
-    for (Target c : {Target::scalar, Target::sse4, Target::avx2, Target::avx512,
-                     Target::avx512_bf16, Target::best}) {
+    constexpr int kTargets = static_cast<int>(kLastTarget) + 1;
+    std::array<std::array<Choice, 2>, kTargets> t{};
+    for (int c = 0; c < kTargets; ++c) {
       for (Simd s : {Simd::highway, Simd::xsimd})
-        t[static_cast<int>(c)][static_cast<int>(s)] = compute(c, s);
+        t[c][static_cast<int>(s)] = compute(static_cast<Target>(c), s);
     }
     return t;
   }();
   return table[static_cast<int>(cap)][static_cast<int>(provider)];
 }
+
+std::span<const Target> architecture_targets() { return kOrder; }
 
 const Choice& choose(const Context* context) {
   const Context& c = context != nullptr ? *context : default_context();

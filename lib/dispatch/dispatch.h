@@ -9,13 +9,30 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "cpuattn/cpuattn.h"
 
+// The xsimd units exist on x86-64 only (lib/CMakeLists.txt): elsewhere a call that asks for xsimd
+// runs Highway's units.
+#if defined(__x86_64__)
+#define CPUATTN_HAS_XSIMD_UNITS 1
+#else
+#define CPUATTN_HAS_XSIMD_UNITS 0
+#endif
+
 namespace cpuattn::detail {
 
+// The last value of Target (the C API checks its integers against it).
+inline constexpr Target kLastTarget = Target::neon;
+
+// The targets of the architecture this library was built for, worst to best: what a cap may
+// name besides `best`, and the order in which a cap admits them.
+std::span<const Target> architecture_targets();
+
 struct Choice {
-  Simd provider;          // the provider that runs; xsimd falls back to highway below SSE4
+  Simd provider;          // the provider that runs; xsimd falls back to highway below SSE4 and
+                          // off x86
   Target target;          // the instruction set that runs
   std::size_t hwy_index;  // index into Highway's dispatch tables for this cap
 };
@@ -64,17 +81,24 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   const detail::Table* Getter();                   \
   }
 
+#if CPUATTN_HAS_XSIMD_UNITS
+#define CPUATTN_XSIMD_GETTERS(Getter) \
+  &xsimd_sse4::Getter, &xsimd_avx2::Getter, &xsimd_avx512::Getter
+#else
+#define CPUATTN_XSIMD_GETTERS(Getter) nullptr, nullptr, nullptr
+#endif
+
 // In an op's Highway unit, under HWY_ONCE: exports Getter (defined per target) and defines
 // `const Table& Lookup(const Choice&)` over both providers.
-#define CPUATTN_DEFINE_OP_LOOKUP(Table, Getter, Lookup)                                     \
-  namespace cpuattn {                                                                       \
-  HWY_EXPORT(Getter);                                                                       \
-  namespace detail {                                                                        \
-  const Table& Lookup(const Choice& c) {                                                    \
-    static constexpr OpTables<Table> tables{                                                \
-        [](std::size_t i) { return HWY_DISPATCH_TABLE(Getter)[i](); }, &xsimd_sse4::Getter, \
-        &xsimd_avx2::Getter, &xsimd_avx512::Getter};                                        \
-    return pick(c, tables);                                                                 \
-  }                                                                                         \
-  }                                                                                         \
+#define CPUATTN_DEFINE_OP_LOOKUP(Table, Getter, Lookup)                \
+  namespace cpuattn {                                                  \
+  HWY_EXPORT(Getter);                                                  \
+  namespace detail {                                                   \
+  const Table& Lookup(const Choice& c) {                               \
+    static constexpr OpTables<Table> tables{                           \
+        [](std::size_t i) { return HWY_DISPATCH_TABLE(Getter)[i](); }, \
+        CPUATTN_XSIMD_GETTERS(Getter)};                                \
+    return pick(c, tables);                                            \
+  }                                                                    \
+  }                                                                    \
   }

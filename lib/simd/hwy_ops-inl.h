@@ -16,14 +16,16 @@
 #include "simd/contract.h"
 #include "simd/target_namespace.h"
 #include "simd/tiles.h"
-#include "simd/x86-inl.h"
+#if HWY_ARCH_X86
+#include "simd/x86/x86-inl.h"
+#endif
 
 CPUATTN_NAMESPACE_BEGIN
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Constants are made inside functions: vectors at namespace scope would be constructed with the
 // wrong target's instructions.
-struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
+struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
   using D = hn::ScalableTag<float>;
   using V = hn::Vec<D>;
   using M = hn::Mask<D>;
@@ -43,7 +45,11 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS> {
   static HWY_INLINE void Store(V v, float* p) { hn::Store(v, D(), p); }
   static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(v, D(), p); }
   static HWY_INLINE void Stream(V v, float* p) { hn::Stream(v, D(), p); }
-  static HWY_INLINE void StreamFence() { x86::StreamFence(); }
+  static HWY_INLINE void StreamFence() {
+#if HWY_ARCH_X86
+    x86::StreamFence();
+#endif
+  }
   static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }
   static HWY_INLINE V Sub(V a, V b) { return hn::Sub(a, b); }
   static HWY_INLINE V Mul(V a, V b) { return hn::Mul(a, b); }

@@ -56,6 +56,9 @@
    : HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2                              ? 256 \
    : HWY_ARCH_X86 && (HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3) ? 128 \
                                                                          : 0)
+// Vector width of the ARM target being compiled: 128 for NEON, 0 elsewhere (and for the portable
+// EMU128/SCALAR targets).
+#define CPUATTN_ARM_SIMD_BITS (HWY_ARCH_ARM && HWY_TARGET == HWY_NEON ? 128 : 0)
 #define CPUATTN_TARGET_NS HWY_NAMESPACE
 #define CPUATTN_NAMESPACE_BEGIN \
   HWY_BEFORE_NAMESPACE();       \

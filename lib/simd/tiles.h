@@ -22,7 +22,8 @@ struct BlockShape {
 // kScoreRows x kScoreCols: vectors of the score micro-kernel's accumulator tile (rows of Q x
 // vectors of keys); kPvRows x kPvCols the same for P V; kGemmRows the rows of the dense
 // product's tile (its columns are one 32-float panel).
-template <int kBits>
+// Keyed by the x86 vector width (0 off x86) and the ARM one (0 off ARM's vector targets).
+template <int kBits, int kArmBits = 0>
 struct Tiles;
 
 // AVX-512, 32 registers: 6x4 score accumulators + 4 K vectors; 6x4 P V accumulators + 4 V
@@ -44,6 +45,14 @@ struct Tiles<256> : BlockShape {
 template <>
 struct Tiles<128> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 2, kPvRows = 6, kPvCols = 2, kGemmRows = 1;
+};
+
+// NEON, 32 registers of 4 floats: the AVX-512 score and P V tiles (6x4 accumulators + 4
+// operands + 1 broadcast = 29), i.e. 16-key panels. Dense product: a 32-column panel is 8
+// vectors, 3 rows = 24 accumulators.
+template <>
+struct Tiles<0, 128> : BlockShape {
+  static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 3;
 };
 
 // The portable fallback targets (Highway's EMU128 and SCALAR): correct rather than fast.

@@ -5,7 +5,7 @@
 //   256  AVX2 + FMA    xsimd::fma3<avx2>
 //   512  AVX-512 F/VL/DQ/BW  xsimd::avx512bw  (the instruction set of Highway's AVX3 target)
 // What xsimd 8.1 lacks (transposes, a horizontal max, byte masks, streaming stores, the AVX-512
-// exp2 steps) comes from simd/x86-inl.h on the raw registers, shared with the Highway provider.
+// exp2 steps) comes from simd/x86/x86-inl.h on the raw registers, shared with the Highway provider.
 #if defined(CPUATTN_SIMD_XSIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_SIMD_XSIMD_OPS_INL_H_
 #undef CPUATTN_SIMD_XSIMD_OPS_INL_H_
@@ -20,7 +20,7 @@
 #include "simd/contract.h"
 #include "simd/target_namespace.h"
 #include "simd/tiles.h"
-#include "simd/x86-inl.h"
+#include "simd/x86/x86-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 

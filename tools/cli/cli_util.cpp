@@ -157,6 +157,31 @@ CLI::Option* add_simd_option(CLI::App& cmd, std::string& simd) {
       ->check(CLI::IsMember({"highway", "xsimd"}));
 }
 
+std::vector<std::string> target_cap_names() {
+  std::vector<std::string> names;
+  Context probe(0);
+  for (int i = 0;; ++i) {
+    const auto t = static_cast<Target>(i);
+    if (std::string(target_name(t)) == "unknown") break;
+    try {
+      probe.set_max_target(t);
+    } catch (const Error&) {
+      continue;  // another architecture's target
+    }
+    if (t != Target::best) names.emplace_back(target_name(t));
+  }
+  names.emplace_back("best");
+  return names;
+}
+
+std::string target_cap_list() {
+  const auto names = target_cap_names();
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {
   return cmd
       .add_option("--threads", threads,

@@ -71,6 +71,10 @@ std::unique_ptr<Context> make_context(int threads, const std::string& simd = "")
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads);
 // The --simd highway|xsimd option (for make_context).
 CLI::Option* add_simd_option(CLI::App& cmd, std::string& simd);
+// The target caps this build accepts (its architecture's targets, worst to best, then "best"),
+// and the same as "scalar, sse4, ... or best" for help texts.
+std::vector<std::string> target_cap_names();
+std::string target_cap_list();
 
 std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last);
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cases.h"
+#include "cli_util.h"
 #include "commands.h"
 #include "cpuattn/cpuattn.h"
 #include "machine.h"
@@ -491,11 +492,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
       ->each([opts](const std::string&) { opts->threads_given = true; });
-  cmd->add_option("--target", opts->targets,
-                  "SIMD target caps to measure: scalar, sse4, avx2, avx512, avx512_bf16, best "
-                  "(comma list; default best)")
+  cmd->add_option(
+         "--target", opts->targets,
+         "SIMD target caps to measure: " + target_cap_list() + " (comma list; default best)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best"}));
+      ->check(CLI::IsMember(target_cap_names()));
   cmd->add_option("--simd", opts->simd,
                   "SIMD providers to measure, e.g. highway,xsimd (default: CPUATTN_SIMD, else "
                   "highway)")

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cases.h"
+#include "cli_util.h"
 #include "commands.h"
 #include "counters.h"
 #include "cpuattn/cpuattn.h"
@@ -257,8 +258,8 @@ void add_profile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--repeat", opts->repeat, "Profiled calls after one warm-up (default 5)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--target", opts->target, "Cap the SIMD target: scalar, sse4, avx2, avx512, best")
-      ->check(CLI::IsMember({"scalar", "sse4", "avx2", "avx512", "best"}));
+  cmd->add_option("--target", opts->target, "Cap the SIMD target: " + target_cap_list())
+      ->check(CLI::IsMember(target_cap_names()));
   cmd->add_option("--simd", opts->simd, "SIMD provider: highway or xsimd (default: CPUATTN_SIMD)")
       ->check(CLI::IsMember({"highway", "xsimd"}));
   cmd->add_option("--trace", opts->trace, "Write a Chrome trace-event JSON file of the calls");

@@ -18,7 +18,9 @@
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
-#include "simd/x86-inl.h"
+#if CPUATTN_SIMD_BITS > 0
+#include "simd/x86/x86-inl.h"
+#endif
 
 CPUATTN_NAMESPACE_BEGIN
 

@@ -31,7 +31,7 @@
 #include "kernels/flash/stream_dot-inl.h"
 #include "kernels/flash/x86/bf16_tile-inl.h"
 #include "simd/target_namespace.h"
-#include "simd/x86-inl.h"
+#include "simd/x86/x86-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 

@@ -30,7 +30,7 @@
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/geometry-inl.h"
 #include "simd/target_namespace.h"
-#include "simd/x86-inl.h"
+#include "simd/x86/x86-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
