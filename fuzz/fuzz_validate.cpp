@@ -531,7 +531,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       return false;
     };
-    FUZZ_CHECK(refused([&] { scratch.set_max_target(static_cast<Target>(in.range(7, 255))); }),
+    FUZZ_CHECK(refused([&] { scratch.set_max_target(static_cast<Target>(in.range(8, 255))); }),
                "set_max_target accepted a value outside enum Target");
     FUZZ_CHECK(scratch.max_target() == Target::best, "a refused target changed the cap");
     FUZZ_CHECK(refused([&] { scratch.set_simd(static_cast<Simd>(in.range(2, 255))); }),

@@ -32,7 +32,7 @@ void bind_context(py::module_& m) {
           [](const CtxHandle& c) { return std::string(cpuattn::target_name(c.max_target())); },
           [](CtxHandle& c, const std::string& t) { c.set_max_target(cpuattn::parse_target(t)); },
           "Cap on the SIMD target: scalar, sse4, avx2, avx512, avx512_bf16 or best on x86-64; "
-          "scalar, neon or best on aarch64")
+          "scalar, neon, sve or best on aarch64")
       .def_property(
           "simd", [](const CtxHandle& c) { return std::string(cpuattn::simd_name(c.simd())); },
           [](CtxHandle& c, const std::string& s) { c.set_simd(cpuattn::parse_simd(s)); },

@@ -65,7 +65,8 @@ inline bool machine_runs(Target t) {
 // each (Context::set_max_target).
 inline std::vector<Target> machine_targets() {
   std::vector<Target> ts;
-  for (Target t : {Target::avx512, Target::avx2, Target::sse4, Target::neon, Target::scalar}) {
+  for (Target t :
+       {Target::avx512, Target::avx2, Target::sse4, Target::sve, Target::neon, Target::scalar}) {
     if (machine_runs(t)) ts.push_back(t);
   }
   return ts;

@@ -213,11 +213,14 @@ TEST(Validate, ContextAndTargets) {
   EXPECT_THROW(parse_target("avx1024"), Error);
   EXPECT_EQ(parse_target("avx2"), Target::avx2);
   EXPECT_EQ(parse_target("neon"), Target::neon);
+  EXPECT_EQ(parse_target("sve"), Target::sve);
+  EXPECT_STREQ(target_name(Target::sve), "sve");
   // A cap names a target of the library's architecture; a refused cap changes nothing.
   Context c;
   c.set_max_target(Target::scalar);
 #if defined(__x86_64__)
   expect_error_mentioning([&] { c.set_max_target(Target::neon); }, "'neon'");
+  expect_error_mentioning([&] { c.set_max_target(Target::sve); }, "'sve'");
 #elif defined(__aarch64__)
   expect_error_mentioning([&] { c.set_max_target(Target::avx2); }, "'avx2'");
 #endif

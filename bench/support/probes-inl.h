@@ -160,7 +160,7 @@ void RunUnfusedHeadOps(const detail::Problem& p, std::int64_t b, std::int64_t h,
 }
 
 const detail::ProbeKernels* GetProbeKernels() {
-  static const detail::ProbeKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
+  static const detail::ProbeKernels table{.target = CPUATTN_UNIT_TARGET,
                                           .provider = simd::ProviderOf(Ops::kProvider),
                                           .fma = &FmaProbe<Ops>,
                                           .tile = &TileProbe<Ops>,

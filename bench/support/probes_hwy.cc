@@ -10,6 +10,6 @@
 
 #if HWY_ONCE
 #include "dispatch/dispatch.h"
-CPUATTN_DECLARE_XSIMD_TABLE(ProbeKernels, GetProbeKernels)
+CPUATTN_DECLARE_UNIT_TABLES(ProbeKernels, GetProbeKernels)
 CPUATTN_DEFINE_OP_LOOKUP(ProbeKernels, GetProbeKernels, probe_kernels)
 #endif

@@ -119,10 +119,11 @@ typedef enum cpuattn_target {
   CPUATTN_TARGET_AVX512 = 3,
   CPUATTN_TARGET_AVX512_BF16 = 4,
   CPUATTN_TARGET_BEST = 5,
-  CPUATTN_TARGET_NEON = 6
+  CPUATTN_TARGET_NEON = 6,
+  CPUATTN_TARGET_SVE = 7
 } cpuattn_target;
 
-/* "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best", "neon"; "unknown". */
+/* "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best", "neon", "sve"; "unknown". */
 CPUATTN_API const char* cpuattn_target_name(cpuattn_target target);
 
 /* Same values as cpuattn::Causal. */

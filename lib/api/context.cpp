@@ -16,7 +16,7 @@ namespace {
 
 // The names of an enum's values, in order, and the parsing every name-taking option shares.
 constexpr const char* kTargetNames[] = {"scalar",      "sse4", "avx2", "avx512",
-                                        "avx512_bf16", "best", "neon"};
+                                        "avx512_bf16", "best", "neon", "sve"};
 constexpr const char* kSimdNames[] = {"highway", "xsimd"};
 
 template <class E, std::size_t N>

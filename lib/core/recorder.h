@@ -8,7 +8,7 @@
 //
 // Kernel units include this header (for PhaseClock); everything here that they use is always
 // inlined or defined out of line in recorder.cpp, so the per-architecture xsimd objects emit no
-// copy of it (tests/xsimd_odr_check.sh).
+// copy of it (tests/unit_odr_check.sh).
 #pragma once
 
 #include <array>

@@ -6,6 +6,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#endif
 
 #include <array>
 #include <cstdint>
@@ -17,7 +21,9 @@ namespace {
 constexpr Target kOrder[] = {Target::scalar, Target::sse4, Target::avx2, Target::avx512,
                              Target::avx512_bf16};
 #elif HWY_ARCH_ARM_A64
-constexpr Target kOrder[] = {Target::scalar, Target::neon};
+// NEON is aarch64's baseline, so Highway builds no portable unit there: a scalar cap runs (and
+// reports) neon.
+constexpr Target kOrder[] = {Target::scalar, Target::neon, Target::sve};
 #else
 constexpr Target kOrder[] = {Target::scalar};
 #endif
@@ -69,6 +75,24 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
+// The SVE vector length in bits, or 0 without SVE. The kernel reads it from the thread's state
+// (prctl), which every thread of a process shares unless one changes its own: cpuattn assumes no
+// thread does.
+int sve_vector_bits() {
+#if defined(__aarch64__) && defined(__linux__) && defined(HWCAP_SVE) && defined(PR_SVE_GET_VL)
+  if ((getauxval(AT_HWCAP) & HWCAP_SVE) == 0) return 0;
+  const int vl = prctl(PR_SVE_GET_VL);
+  return vl < 0 ? 0 : (vl & PR_SVE_VL_LEN_MASK) * 8;
+#else
+  return 0;
+#endif
+}
+
+// An SVE unit exists for 128, 256 and 512 bits (lib/CMakeLists.txt); other lengths run NEON.
+bool sve_unit_runs(int bits) {
+  return CPUATTN_HAS_SVE_UNITS && (bits == 128 || bits == 256 || bits == 512);
+}
+
 Choice compute(Target cap, Simd provider) {
   // Context::set_max_target admits only this architecture's names; the table below is filled for
   // every value, and another architecture's name caps to the portable target.
@@ -83,7 +107,9 @@ Choice compute(Target cap, Simd provider) {
   Choice c;
   c.hwy_index = hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<std::uint64_t>(mask));
   const std::int64_t compiled = allowed & HWY_TARGETS;
-  const std::int64_t best = compiled & -compiled;
+  // None compiled that the cap admits: Highway's static target runs (EMU128 on x86-64, NEON on
+  // aarch64), and the call reports it.
+  const std::int64_t best = compiled != 0 ? compiled & -compiled : HWY_STATIC_TARGET;
   c.target = Target::scalar;
   for (Target t : kOrder) {
     if ((best & hwy_bits(t)) != 0) c.target = t;
@@ -93,6 +119,12 @@ Choice compute(Target cap, Simd provider) {
   if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
       cpu_has_avx512_bf16())
     c.target = Target::avx512_bf16;
+  const int sve_bits = sve_vector_bits();
+  if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
+      sve_unit_runs(sve_bits)) {
+    c.target = Target::sve;
+    c.sve_bits = sve_bits;
+  }
   // xsimd covers the x86 SIMD instruction sets; below SSE4 (and off x86) Highway's units run.
   c.provider = CPUATTN_HAS_XSIMD_UNITS && provider == Simd::xsimd && c.target != Target::scalar
                    ? Simd::xsimd

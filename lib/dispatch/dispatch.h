@@ -4,8 +4,9 @@
 //
 // Each op has a small table of kernels per (provider, target) (kernels/<op>/<op>.h), built by
 // that op's units: the Highway unit exports one table per Highway target through HWY_EXPORT,
-// and the xsimd unit, compiled once per architecture, defines GetXxx() in cpuattn::xsimd_sse4,
-// xsimd_avx2 and xsimd_avx512. pick() turns a Choice into the right entry.
+// the xsimd unit, compiled once per architecture, defines GetXxx() in cpuattn::xsimd_sse4,
+// xsimd_avx2 and xsimd_avx512, and on aarch64 the SVE unit, compiled once per vector length, in
+// cpuattn::sve128, sve256 and sve512. pick() turns a Choice into the right entry.
 #pragma once
 
 #include <cstddef>
@@ -20,11 +21,17 @@
 #else
 #define CPUATTN_HAS_XSIMD_UNITS 0
 #endif
+// The SVE units, one per vector length, exist on aarch64 only (lib/CMakeLists.txt).
+#if defined(__aarch64__)
+#define CPUATTN_HAS_SVE_UNITS 1
+#else
+#define CPUATTN_HAS_SVE_UNITS 0
+#endif
 
 namespace cpuattn::detail {
 
 // The last value of Target (the C API checks its integers against it).
-inline constexpr Target kLastTarget = Target::neon;
+inline constexpr Target kLastTarget = Target::sve;
 
 // The targets of the architecture this library was built for, worst to best: what a cap may
 // name besides `best`, and the order in which a cap admits them.
@@ -35,6 +42,7 @@ struct Choice {
                           // off x86
   Target target;          // the instruction set that runs
   std::size_t hwy_index;  // index into Highway's dispatch tables for this cap
+  int sve_bits = 0;       // the SVE unit's vector length when target is sve
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.
@@ -42,17 +50,24 @@ const Choice& choose(Target cap, Simd provider);
 // The choice of a context's cap and provider (or the default context's).
 const Choice& choose(const Context* context);
 
-// Where an op's tables live: Highway's table by dispatch index, and the three xsimd units'.
+// Where an op's tables live: Highway's table by dispatch index, the three xsimd units' and the
+// three SVE units' (null where the architecture has none).
 template <class Table>
 struct OpTables {
   const Table* (*hwy)(std::size_t index);
   const Table* (*xsimd_sse4)();
   const Table* (*xsimd_avx2)();
   const Table* (*xsimd_avx512)();
+  const Table* (*sve128)();
+  const Table* (*sve256)();
+  const Table* (*sve512)();
 };
 
 template <class Table>
 const Table& pick(const Choice& c, const OpTables<Table>& t) {
+  if (c.target == Target::sve) {
+    return c.sve_bits == 512 ? *t.sve512() : c.sve_bits == 256 ? *t.sve256() : *t.sve128();
+  }
   if (c.provider == Simd::xsimd) {
     switch (c.target) {
       case Target::avx512:
@@ -69,8 +84,9 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
 
 }  // namespace cpuattn::detail
 
-// Declares an op's xsimd table getter in the three xsimd namespaces (see simd/target_namespace.h).
-#define CPUATTN_DECLARE_XSIMD_TABLE(Table, Getter) \
+// Declares an op's table getter in the three xsimd and the three SVE namespaces (see
+// simd/target_namespace.h); only the architecture's own are defined and referenced.
+#define CPUATTN_DECLARE_UNIT_TABLES(Table, Getter) \
   namespace cpuattn::xsimd_sse4 {                  \
   const detail::Table* Getter();                   \
   }                                                \
@@ -79,6 +95,15 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   }                                                \
   namespace cpuattn::xsimd_avx512 {                \
   const detail::Table* Getter();                   \
+  }                                                \
+  namespace cpuattn::sve128 {                      \
+  const detail::Table* Getter();                   \
+  }                                                \
+  namespace cpuattn::sve256 {                      \
+  const detail::Table* Getter();                   \
+  }                                                \
+  namespace cpuattn::sve512 {                      \
+  const detail::Table* Getter();                   \
   }
 
 #if CPUATTN_HAS_XSIMD_UNITS
@@ -86,6 +111,11 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   &xsimd_sse4::Getter, &xsimd_avx2::Getter, &xsimd_avx512::Getter
 #else
 #define CPUATTN_XSIMD_GETTERS(Getter) nullptr, nullptr, nullptr
+#endif
+#if CPUATTN_HAS_SVE_UNITS
+#define CPUATTN_SVE_GETTERS(Getter) &sve128::Getter, &sve256::Getter, &sve512::Getter
+#else
+#define CPUATTN_SVE_GETTERS(Getter) nullptr, nullptr, nullptr
 #endif
 
 // In an op's Highway unit, under HWY_ONCE: exports Getter (defined per target) and defines
@@ -97,7 +127,7 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   const Table& Lookup(const Choice& c) {                               \
     static constexpr OpTables<Table> tables{                           \
         [](std::size_t i) { return HWY_DISPATCH_TABLE(Getter)[i](); }, \
-        CPUATTN_XSIMD_GETTERS(Getter)};                                \
+        CPUATTN_XSIMD_GETTERS(Getter), CPUATTN_SVE_GETTERS(Getter)};   \
     return pick(c, tables);                                            \
   }                                                                    \
   }                                                                    \

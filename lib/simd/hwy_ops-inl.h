@@ -27,10 +27,21 @@ namespace hn = hwy::HWY_NAMESPACE;
 // wrong target's instructions.
 struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
   using D = hn::ScalableTag<float>;
+#if defined(CPUATTN_SVE_BITS)
+  // An SVE unit is compiled for one vector length (-msve-vector-bits, lib/CMakeLists.txt): its
+  // vectors have a size, so a micro-kernel can keep its register tile in an array. Highway's ops
+  // take the sizeless types (their templates would not deduce these), hence R() and RM() below.
+  typedef hn::Vec<D> V __attribute__((arm_sve_vector_bits(CPUATTN_SVE_BITS)));
+  typedef hn::Mask<D> M __attribute__((arm_sve_vector_bits(CPUATTN_SVE_BITS)));
+  static constexpr int kLanes = CPUATTN_SVE_BITS / 32;
+#else
   using V = hn::Vec<D>;
   using M = hn::Mask<D>;
   static constexpr int kLanes = static_cast<int>(hn::MaxLanes(D()));
+#endif
   static constexpr const char* kProvider = "highway";
+  static HWY_INLINE hn::Vec<D> R(V v) { return v; }
+  static HWY_INLINE hn::Mask<D> RM(M m) { return m; }
 
 #if CPUATTN_SIMD_BITS > 0
   using Raw = decltype(V().raw);
@@ -42,29 +53,29 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
   static HWY_INLINE V Iota() { return hn::Iota(D(), 0.0f); }
   static HWY_INLINE V Load(const float* p) { return hn::Load(D(), p); }
   static HWY_INLINE V LoadU(const float* p) { return hn::LoadU(D(), p); }
-  static HWY_INLINE void Store(V v, float* p) { hn::Store(v, D(), p); }
-  static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(v, D(), p); }
-  static HWY_INLINE void Stream(V v, float* p) { hn::Stream(v, D(), p); }
+  static HWY_INLINE void Store(V v, float* p) { hn::Store(R(v), D(), p); }
+  static HWY_INLINE void StoreU(V v, float* p) { hn::StoreU(R(v), D(), p); }
+  static HWY_INLINE void Stream(V v, float* p) { hn::Stream(R(v), D(), p); }
   static HWY_INLINE void StreamFence() {
 #if HWY_ARCH_X86
     x86::StreamFence();
 #endif
   }
-  static HWY_INLINE V Add(V a, V b) { return hn::Add(a, b); }
-  static HWY_INLINE V Sub(V a, V b) { return hn::Sub(a, b); }
-  static HWY_INLINE V Mul(V a, V b) { return hn::Mul(a, b); }
-  static HWY_INLINE V Div(V a, V b) { return hn::Div(a, b); }
-  static HWY_INLINE V MulAdd(V a, V b, V c) { return hn::MulAdd(a, b, c); }
-  static HWY_INLINE V Min(V a, V b) { return hn::Min(a, b); }
-  static HWY_INLINE V Max(V a, V b) { return hn::Max(a, b); }
-  static HWY_INLINE V Abs(V a) { return hn::Abs(a); }
-  static HWY_INLINE V Floor(V x) { return hn::Floor(x); }
-  static HWY_INLINE M Lt(V a, V b) { return hn::Lt(a, b); }
-  static HWY_INLINE M Ge(V a, V b) { return hn::Ge(a, b); }
-  static HWY_INLINE M IsNaN(V a) { return hn::IsNaN(a); }
-  static HWY_INLINE V IfThenElse(M m, V a, V b) { return hn::IfThenElse(m, a, b); }
-  static HWY_INLINE V CopySignToAbs(V a, V s) { return hn::CopySignToAbs(a, s); }
-  static HWY_INLINE float ReduceSum(V v) { return hn::GetLane(hn::SumOfLanes(D(), v)); }
+  static HWY_INLINE V Add(V a, V b) { return hn::Add(R(a), R(b)); }
+  static HWY_INLINE V Sub(V a, V b) { return hn::Sub(R(a), R(b)); }
+  static HWY_INLINE V Mul(V a, V b) { return hn::Mul(R(a), R(b)); }
+  static HWY_INLINE V Div(V a, V b) { return hn::Div(R(a), R(b)); }
+  static HWY_INLINE V MulAdd(V a, V b, V c) { return hn::MulAdd(R(a), R(b), R(c)); }
+  static HWY_INLINE V Min(V a, V b) { return hn::Min(R(a), R(b)); }
+  static HWY_INLINE V Max(V a, V b) { return hn::Max(R(a), R(b)); }
+  static HWY_INLINE V Abs(V a) { return hn::Abs(R(a)); }
+  static HWY_INLINE V Floor(V x) { return hn::Floor(R(x)); }
+  static HWY_INLINE M Lt(V a, V b) { return hn::Lt(R(a), R(b)); }
+  static HWY_INLINE M Ge(V a, V b) { return hn::Ge(R(a), R(b)); }
+  static HWY_INLINE M IsNaN(V a) { return hn::IsNaN(R(a)); }
+  static HWY_INLINE V IfThenElse(M m, V a, V b) { return hn::IfThenElse(RM(m), R(a), R(b)); }
+  static HWY_INLINE V CopySignToAbs(V a, V s) { return hn::CopySignToAbs(R(a), R(s)); }
+  static HWY_INLINE float ReduceSum(V v) { return hn::GetLane(hn::SumOfLanes(D(), R(v))); }
 
   static HWY_INLINE float ReduceMax(V v) {
 #if HWY_TARGET == HWY_EMU128
@@ -77,7 +88,7 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
     for (int i = 1; i < kLanes; ++i) m = lanes[i] > m ? lanes[i] : m;
     return m;
 #else
-    return hn::GetLane(hn::MaxOfLanes(D(), v));
+    return hn::GetLane(hn::MaxOfLanes(D(), R(v)));
 #endif
   }
 
@@ -86,25 +97,27 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
     const hn::Rebind<std::int32_t, D> di;
     const auto b = hn::PromoteTo(di, hn::LoadU(d8, bytes));
     const auto keep = hn::RebindMask(D(), hn::Ne(b, hn::Zero(di)));
-    return hn::IfThenElse(keep, s, Set(-std::numeric_limits<float>::infinity()));
+    return hn::IfThenElse(keep, R(s), hn::Set(D(), -std::numeric_limits<float>::infinity()));
   }
 
 #if CPUATTN_SIMD_BITS == 512
   static HWY_INLINE V FloorFrac(V x) { return V{x86::FloorFrac(x.raw)}; }
   static HWY_INLINE V LdExpFloor(V p, V x) { return V{x86::LdExpFloor(p.raw, x.raw)}; }
 #else
-  static HWY_INLINE V FloorFrac(V x) { return hn::Sub(x, hn::Floor(x)); }
+  static HWY_INLINE V FloorFrac(V x) { return hn::Sub(R(x), hn::Floor(R(x))); }
   static HWY_INLINE V LdExpFloor(V p, V x) {
     const hn::RebindToSigned<D> di;
-    V n = hn::Floor(x);
+    auto n = hn::Floor(R(x));
 #if CPUATTN_SIMD_BITS == 0
     // The emulated ConvertTo is a C++ cast: NaN or a value past int32 is undefined behaviour
     // there (UBSan caught NaN under clang), where x86's cvttps returns 0x80000000, which the
     // shift below turns into 1.0 (and p carries the NaN).
-    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()), hn::Min(hn::Max(n, Set(-127.0f)), Set(128.0f)));
+    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()),
+                       hn::Min(hn::Max(n, hn::Set(D(), -127.0f)), hn::Set(D(), 128.0f)));
 #endif
     const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-    return hn::IfThenElse(hn::Lt(x, Set(-126.0f)), Zero(), hn::Mul(p, hn::BitCast(D(), bits)));
+    return hn::IfThenElse(hn::Lt(R(x), hn::Set(D(), -126.0f)), hn::Zero(D()),
+                          hn::Mul(R(p), hn::BitCast(D(), bits)));
   }
 #endif
 

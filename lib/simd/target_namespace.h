@@ -47,6 +47,28 @@
 #define CPUATTN_NAMESPACE_END \
   }                           \
   }
+#elif defined(CPUATTN_SVE_BITS)
+// An SVE unit (kernels/<op>/<op>_sve.cc): Highway's static target, compiled once per vector length
+// with -march=armv8.2-a+sve -msve-vector-bits=<bits> (lib/CMakeLists.txt), run only on a CPU of
+// that length (dispatch/dispatch.cpp). Its own namespace: the 128- and 512-bit units are both
+// Highway's SVE target, and each must keep its own copy of every kernel.
+#define CPUATTN_SIMD_BITS 0
+#define CPUATTN_ARM_SIMD_BITS CPUATTN_SVE_BITS
+#if CPUATTN_SVE_BITS == 128
+#define CPUATTN_TARGET_NS sve128
+#elif CPUATTN_SVE_BITS == 256
+#define CPUATTN_TARGET_NS sve256
+#elif CPUATTN_SVE_BITS == 512
+#define CPUATTN_TARGET_NS sve512
+#else
+#error "CPUATTN_SVE_BITS must be 128, 256 or 512"
+#endif
+#define CPUATTN_NAMESPACE_BEGIN \
+  namespace cpuattn {           \
+  namespace CPUATTN_TARGET_NS {
+#define CPUATTN_NAMESPACE_END \
+  }                           \
+  }
 #else
 // A Highway unit: the including file has included <hwy/highway.h> for the current target.
 // Vector width of the x86 target being compiled (0 for the portable EMU128/SCALAR targets and

@@ -47,12 +47,25 @@ struct Tiles<128> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 2, kPvRows = 6, kPvCols = 2, kGemmRows = 1;
 };
 
-// NEON, 32 registers of 4 floats: the AVX-512 score and P V tiles (6x4 accumulators + 4
-// operands + 1 broadcast = 29), i.e. 16-key panels. Dense product: a 32-column panel is 8
-// vectors, 3 rows = 24 accumulators.
+// NEON and SVE at 128 bits, 32 registers of 4 floats: the AVX-512 score and P V tiles (6x4
+// accumulators + 4 operands + 1 broadcast = 29), i.e. 16-key panels. Dense product: a 32-column
+// panel is 8 vectors, 3 rows = 24 accumulators.
 template <>
 struct Tiles<0, 128> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 3;
+};
+
+// SVE at 256 bits (Neoverse V1), 32 registers of 8 floats: the same 6x4 tiles (32-key panels).
+// Dense product: a 32-column panel is 4 vectors, 6 rows = 24 accumulators.
+template <>
+struct Tiles<0, 256> : BlockShape {
+  static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 6;
+};
+
+// SVE at 512 bits (A64FX), 32 registers of 16 floats: AVX-512's tiles (64-key panels).
+template <>
+struct Tiles<0, 512> : BlockShape {
+  static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 12;
 };
 
 // The portable fallback targets (Highway's EMU128 and SCALAR): correct rather than fast.

@@ -165,7 +165,7 @@ void MicroMergeRows(const detail::Problem& p, const detail::Plan& pl, std::int64
 }
 
 const detail::MicroKernels* GetMicroKernels() {
-  static const detail::MicroKernels table{.target = simd::TargetOfBits(CPUATTN_SIMD_BITS),
+  static const detail::MicroKernels table{.target = CPUATTN_UNIT_TARGET,
                                           .provider = simd::ProviderOf(Ops::kProvider),
                                           .lanes = Ops::kLanes,
                                           .score_rows = Ops::kScoreRows,

@@ -78,4 +78,4 @@ const MicroKernels& micro_kernels(const Choice& choice);
 
 }  // namespace cpuattn::detail
 
-CPUATTN_DECLARE_XSIMD_TABLE(MicroKernels, GetMicroKernels)
+CPUATTN_DECLARE_UNIT_TABLES(MicroKernels, GetMicroKernels)

@@ -30,4 +30,4 @@ const AdditiveKernels& additive_kernels(const Choice& choice);
 
 }  // namespace cpuattn::detail
 
-CPUATTN_DECLARE_XSIMD_TABLE(AdditiveKernels, GetAdditiveKernels)
+CPUATTN_DECLARE_UNIT_TABLES(AdditiveKernels, GetAdditiveKernels)

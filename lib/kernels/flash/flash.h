@@ -44,4 +44,4 @@ const FlashKernels& native_flash_kernels();
 
 }  // namespace cpuattn::detail
 
-CPUATTN_DECLARE_XSIMD_TABLE(FlashKernels, GetFlashKernels)
+CPUATTN_DECLARE_UNIT_TABLES(FlashKernels, GetFlashKernels)

@@ -77,4 +77,4 @@ void run_gemm(GemmProblem& g, Context& ctx);
 
 }  // namespace cpuattn::detail
 
-CPUATTN_DECLARE_XSIMD_TABLE(GemmKernels, GetGemmKernels)
+CPUATTN_DECLARE_UNIT_TABLES(GemmKernels, GetGemmKernels)
