@@ -1,12 +1,14 @@
 // Positional encodings against a long double reference: the sinusoidal table and its in-place
 // addition, rotary embedding in both pair styles (full and partial rotary, strided layouts, large
 // positions), its invariants (norm, relative position), determinism, and argument checks.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numbers>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +25,60 @@ using ld = long double;
 // exact argument reduction.
 ld ref_inv_freq(ld base, std::int64_t i, std::int64_t n) {
   return powl(base, -2.0L * static_cast<ld>(i) / static_cast<ld>(n));
+}
+
+// The frequencies after a RopeScaling and YaRN's attention factor, written the way Hugging Face's
+// modeling_rope_utils computes them (whole vectors, masks, the correction range), in long double.
+struct RefFreqs {
+  std::vector<ld> inv_freq;
+  ld m = 1;
+};
+
+RefFreqs ref_freqs(const RopeOptions& o, std::int64_t R) {
+  const RopeScaling& sc = o.scaling;
+  const ld dim = static_cast<ld>(R), s = sc.factor, L0 = static_cast<ld>(sc.original_max_position);
+  ld base = o.base;
+  if (sc.type == RopeScalingType::ntk && R > 2) base *= powl(s, dim / (dim - 2));
+  RefFreqs r;
+  for (std::int64_t i = 0; i < R / 2; ++i) r.inv_freq.push_back(ref_inv_freq(base, i, R));
+  const ld two_pi = 2 * acosl(-1.0L);
+  switch (sc.type) {
+    case RopeScalingType::linear:
+      for (ld& f : r.inv_freq) f /= s;
+      break;
+    case RopeScalingType::llama3: {
+      const ld low_wavelen = L0 / sc.low_freq_factor, high_wavelen = L0 / sc.high_freq_factor;
+      for (ld& f : r.inv_freq) {
+        const ld wavelen = two_pi / f;
+        const ld scaled = wavelen > low_wavelen ? f / s : f;
+        const ld smooth = (L0 / wavelen - sc.low_freq_factor) /
+                          (static_cast<ld>(sc.high_freq_factor) - sc.low_freq_factor);
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        f = medium ? (1 - smooth) * scaled / s + smooth * scaled : scaled;
+      }
+      break;
+    }
+    case RopeScalingType::yarn: {
+      auto correction_dim = [&](ld rotations) {
+        return dim * logl(L0 / (rotations * two_pi)) / (2 * logl(base));
+      };
+      const ld low = std::max(floorl(correction_dim(sc.beta_fast)), 0.0L);
+      ld high = std::min(ceill(correction_dim(sc.beta_slow)), dim - 1);
+      if (low == high) high += 0.001L;
+      for (std::int64_t i = 0; i < R / 2; ++i) {
+        const ld ramp = std::clamp((static_cast<ld>(i) - low) / (high - low), 0.0L, 1.0L);
+        const ld extrapolation_factor = 1 - ramp;
+        ld& f = r.inv_freq[static_cast<std::size_t>(i)];
+        f = (f / s) * (1 - extrapolation_factor) + f * extrapolation_factor;
+      }
+      r.m = sc.attention_factor > 0 ? static_cast<ld>(sc.attention_factor)
+                                    : (s > 1 ? 0.1L * logl(s) + 1 : 1.0L);
+      break;
+    }
+    default:
+      break;
+  }
+  return r;
 }
 
 ld ref_pe(std::int64_t pos, std::int64_t c, std::int64_t d, ld base = 10000.0L) {
@@ -219,6 +275,7 @@ std::pair<std::int64_t, std::int64_t> pair_index(RopeStyle style, std::int64_t R
 ::testing::AssertionResult rope_matches(const Tensor4& got, const Tensor4& orig,
                                         std::int64_t offset, const RopeOptions& o) {
   const std::int64_t R = o.rotary_dim == 0 ? got.D : o.rotary_dim;
+  const RefFreqs ref = ref_freqs(o, R);
   double worst = 0;
   std::string where;
   for (std::int64_t b = 0; b < got.B; ++b) {
@@ -227,10 +284,11 @@ std::pair<std::int64_t, std::int64_t> pair_index(RopeStyle style, std::int64_t R
         for (std::int64_t j = 0; j < R / 2; ++j) {
           const auto [i1, i2] = pair_index(o.style, R, j);
           const ld x1 = orig.at(b, h, l, i1), x2 = orig.at(b, h, l, i2);
-          const ld angle = static_cast<ld>(offset + l) * ref_inv_freq(o.base, j, R);
-          const ld c = cosl(angle), s = sinl(angle);
+          const ld angle = static_cast<ld>(offset + l) * ref.inv_freq[static_cast<std::size_t>(j)];
+          const ld c = ref.m * cosl(angle), s = ref.m * sinl(angle);
           const ld want[2] = {x1 * c - x2 * s, x1 * s + x2 * c};
-          const double tol = 4 * FLT_EPSILON * static_cast<double>(sqrtl(x1 * x1 + x2 * x2)) + 1e-7;
+          const double tol =
+              4 * FLT_EPSILON * static_cast<double>(ref.m * sqrtl(x1 * x1 + x2 * x2)) + 1e-7;
           const std::int64_t idx[2] = {i1, i2};
           for (int k = 0; k < 2; ++k) {
             const double g = got.at(b, h, l, idx[k]);
@@ -389,6 +447,162 @@ TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE scalings: the published configurations against the reference, then the rules' defining
+// properties checked on the library alone.
+
+RopeOptions llama31() {  // Llama 3.1 8B's config
+  return {.base = 500000.0,
+          .scaling = {.type = RopeScalingType::llama3,
+                      .factor = 8,
+                      .original_max_position = 8192,
+                      .low_freq_factor = 1,
+                      .high_freq_factor = 4}};
+}
+
+RopeOptions yarn_qwen() {  // Qwen2.5's long-context YaRN config
+  return {.base = 1000000.0,
+          .scaling = {.type = RopeScalingType::yarn, .factor = 4, .original_max_position = 32768}};
+}
+
+struct ScaledCase {
+  const char* name;
+  RopeOptions o;
+  std::int64_t D;
+};
+
+std::vector<ScaledCase> scaled_cases() {
+  RopeOptions yarn_partial{.base = 10000.0, .rotary_dim = 64};
+  yarn_partial.scaling = {.type = RopeScalingType::yarn,
+                          .factor = 16,
+                          .original_max_position = 4096,
+                          .beta_fast = 16,
+                          .beta_slow = 2,
+                          .attention_factor = 1.3};
+  return {
+      {"linear 2", {.scaling = {.type = RopeScalingType::linear, .factor = 2}}, 64},
+      {"ntk 4", {.scaling = {.type = RopeScalingType::ntk, .factor = 4}}, 64},
+      {"ntk 3 R=2", {.rotary_dim = 2, .scaling = {.type = RopeScalingType::ntk, .factor = 3}}, 6},
+      {"llama3.1", llama31(), 128},
+      {"llama3.1 factor 1", {.base = 500000.0, .scaling = {.type = RopeScalingType::llama3}}, 66},
+      {"yarn qwen2.5", yarn_qwen(), 128},
+      {"yarn partial", yarn_partial, 80},
+      {"none with fields set",
+       {.scaling = {.type = RopeScalingType::none, .factor = 8, .attention_factor = 3}},
+       32}};
+}
+
+TEST(RopeScaling, MatchesReference) {
+  std::uint32_t seed = 500;
+  for (const ScaledCase& sc : scaled_cases()) {
+    for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved}) {
+      for (std::int64_t offset : {0, 5000, 131071}) {
+        SCOPED_TRACE(std::string(sc.name) + (style == RopeStyle::half ? " half" : " interleaved") +
+                     " offset=" + std::to_string(offset));
+        Tensor4 t(2, 3, 5, sc.D, /*blhd=*/true, /*misalign=*/1);
+        fill_nonzero(t, ++seed);
+        const Tensor4 orig = t;
+        RopeOptions o = sc.o;
+        o.style = style;
+        apply_rope(t.out_view(), offset, o);
+        EXPECT_TRUE(rope_matches(t, orig, offset, o));
+      }
+    }
+  }
+}
+
+// The turn of every pair at `position` of a head whose pairs are all (1, 0): (m cos, m sin).
+std::vector<std::pair<float, float>> unit_turns(const RopeOptions& o, std::int64_t D,
+                                                std::int64_t position) {
+  std::vector<float> x(static_cast<std::size_t>(D), 0.0f);
+  for (std::int64_t j = 0; j < D / 2; ++j) x[static_cast<std::size_t>(j)] = 1.0f;  // half style
+  apply_rope(OutputView::contiguous(x.data(), DType::f32, {1, 1, 1, D}), position, o);
+  std::vector<std::pair<float, float>> turns;
+  for (std::int64_t j = 0; j < D / 2; ++j) {
+    turns.emplace_back(x[static_cast<std::size_t>(j)], x[static_cast<std::size_t>(j + D / 2)]);
+  }
+  return turns;
+}
+
+// Llama 3.1: pairs of short wavelength (< 8192 / 4) turn as without scaling, pairs of long
+// wavelength (> 8192) as with linear scaling by 8, the pairs between by a frequency between.
+TEST(RopeScaling, Llama3KeepsHighFrequenciesAndStretchesLowOnes) {
+  const std::int64_t D = 128, p = 3;
+  const RopeOptions scaled = llama31();
+  RopeOptions plain{.base = scaled.base};
+  RopeOptions linear = plain;
+  linear.scaling = {.type = RopeScalingType::linear, .factor = 8};
+  const auto got = unit_turns(scaled, D, p), none = unit_turns(plain, D, p),
+             lin = unit_turns(linear, D, p);
+  int kept = 0, stretched = 0, between = 0;
+  for (std::int64_t j = 0; j < D / 2; ++j) {
+    const double f = std::pow(500000.0, -2.0 * double(j) / double(D));
+    const double wavelen = 2 * std::numbers::pi / f;
+    const auto k = static_cast<std::size_t>(j);
+    SCOPED_TRACE("pair " + std::to_string(j) + ", wavelength " + std::to_string(wavelen));
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(got[k], none[k]);
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_EQ(got[k], lin[k]);
+      ++stretched;
+    } else {  // the angle p f' lies strictly between p f / 8 and p f (all below pi/2 here)
+      const double angle = std::atan2(got[k].second, got[k].first);
+      EXPECT_GT(angle, p * f / 8 * (1 + 1e-6));
+      EXPECT_LT(angle, p * f * (1 - 1e-6));
+      ++between;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(stretched, 0);
+  EXPECT_GT(between, 0);
+}
+
+// YaRN: the fastest pairs turn as without scaling, the slowest as with linear scaling, and every
+// pair's length is the attention factor 0.1 ln 4 + 1.
+TEST(RopeScaling, YarnInterpolatesSlowPairsAndScalesByTheAttentionFactor) {
+  const std::int64_t D = 128, p = 7;
+  const RopeOptions scaled = yarn_qwen();
+  RopeOptions plain{.base = scaled.base};
+  RopeOptions linear = plain;
+  linear.scaling = {.type = RopeScalingType::linear, .factor = 4};
+  const auto got = unit_turns(scaled, D, p), none = unit_turns(plain, D, p),
+             lin = unit_turns(linear, D, p);
+  const double m = 0.1 * std::log(4.0) + 1;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    EXPECT_NEAR(std::hypot(got[k].first, got[k].second), m, 4 * FLT_EPSILON * m) << "pair " << k;
+  }
+  for (std::size_t k : {std::size_t{0}, std::size_t{1}}) {
+    EXPECT_NEAR(got[k].first, m * none[k].first, 2 * FLT_EPSILON * m) << "pair " << k;
+    EXPECT_NEAR(got[k].second, m * none[k].second, 2 * FLT_EPSILON * m) << "pair " << k;
+  }
+  for (std::size_t k = got.size() - 2; k < got.size(); ++k) {
+    EXPECT_NEAR(got[k].first, m * lin[k].first, 2 * FLT_EPSILON * m) << "pair " << k;
+    EXPECT_NEAR(got[k].second, m * lin[k].second, 2 * FLT_EPSILON * m) << "pair " << k;
+  }
+}
+
+// Linear scaling by s is position p / s; NTK-aware keeps the fastest pair and divides the
+// slowest one's frequency by s.
+TEST(RopeScaling, LinearAndNtkAgreeWithTheirDefinitions) {
+  const std::int64_t D = 64, s = 4, p = 1000;
+  const RopeOptions plain{};
+  const RopeOptions linear{.scaling = {.type = RopeScalingType::linear, .factor = double(s)}};
+  const RopeOptions ntk{.scaling = {.type = RopeScalingType::ntk, .factor = double(s)}};
+  const auto none_p = unit_turns(plain, D, p), lin_ps = unit_turns(linear, D, p * s);
+  for (std::size_t k = 0; k < none_p.size(); ++k) {
+    EXPECT_NEAR(lin_ps[k].first, none_p[k].first, 1e-5) << "pair " << k;
+    EXPECT_NEAR(lin_ps[k].second, none_p[k].second, 1e-5) << "pair " << k;
+  }
+  const auto ntk_ps = unit_turns(ntk, D, p * s), none_ps = unit_turns(plain, D, p * s);
+  EXPECT_EQ(ntk_ps.front(), none_ps.front());
+  EXPECT_NEAR(ntk_ps.back().first, none_p.back().first, 1e-5);
+  EXPECT_NEAR(ntk_ps.back().second, none_p.back().second, 1e-5);
+  // And the test can tell: the pairs between differ from both.
+  EXPECT_GT(std::abs(ntk_ps[16].second - none_ps[16].second), 1e-3);
+  EXPECT_GT(std::abs(ntk_ps[16].second - lin_ps[16].second), 1e-3);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -719,6 +933,70 @@ TEST(Validate, StyleInvalid) {
       [](Entry) {
         return std::vector<std::string>{"opts.style", "7"};
       });
+}
+
+// Each field a scaling type uses, out of its range: an Error naming it, the tensor untouched.
+TEST(Validate, RopeScalingFieldsOutOfRange) {
+  struct Bad {
+    RopeScalingType type;
+    std::function<void(RopeScaling&)> mutate;
+    std::vector<std::string> needles;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Bad bad[] = {
+      {RopeScalingType::none,
+       [](RopeScaling& s) { s.type = static_cast<RopeScalingType>(9); },
+       {"opts.scaling.type", "9", "llama3"}},
+      {RopeScalingType::linear,
+       [](RopeScaling& s) { s.factor = 0.5; },
+       {"opts.scaling.factor", ">= 1", "0.5"}},
+      {RopeScalingType::ntk,
+       [&](RopeScaling& s) { s.factor = inf; },
+       {"opts.scaling.factor", "inf"}},
+      {RopeScalingType::yarn,
+       [&](RopeScaling& s) { s.factor = nan; },
+       {"opts.scaling.factor", "nan"}},
+      {RopeScalingType::llama3,
+       [](RopeScaling& s) { s.original_max_position = 0; },
+       {"opts.scaling.original_max_position", ">= 1", "0"}},
+      {RopeScalingType::yarn,
+       [](RopeScaling& s) { s.original_max_position = -5; },
+       {"opts.scaling.original_max_position", "-5"}},
+      {RopeScalingType::llama3,
+       [](RopeScaling& s) { s.low_freq_factor = 0; },
+       {"opts.scaling.low_freq_factor", "> 0"}},
+      {RopeScalingType::llama3,
+       [](RopeScaling& s) { s.high_freq_factor = 1; },
+       {"opts.scaling.high_freq_factor", "> low_freq_factor (1)", "got 1"}},
+      {RopeScalingType::yarn,
+       [](RopeScaling& s) { s.beta_slow = -1; },
+       {"opts.scaling.beta_slow", "> 0", "-1"}},
+      {RopeScalingType::yarn,
+       [](RopeScaling& s) { s.beta_fast = 1; },
+       {"opts.scaling.beta_fast", "> beta_slow (1)"}},
+      {RopeScalingType::yarn,
+       [](RopeScaling& s) { s.attention_factor = -0.5; },
+       {"opts.scaling.attention_factor", ">= 0", "-0.5"}},
+  };
+  for (const Bad& b : bad) {
+    expect_error(
+        {Entry::rope},
+        [&](Entry, Call& c) {
+          c.opts.scaling.type = b.type;
+          c.opts.scaling.factor = 2;
+          b.mutate(c.opts.scaling);
+        },
+        [&](Entry) { return b.needles; });
+  }
+  // The fields a type does not use are not checked.
+  Call c = make_call(Entry::rope);
+  c.opts.scaling = {.type = RopeScalingType::linear,
+                    .factor = 2,
+                    .original_max_position = -1,
+                    .low_freq_factor = -1,
+                    .beta_fast = nan};
+  EXPECT_NO_THROW(invoke(Entry::rope, c));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 
 #include "api/checks.h"
 #include "api/context_impl.h"
+#include "layers/rope_frequencies.h"
 
 namespace cpuattn {
 namespace {
@@ -186,12 +187,15 @@ void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOpt
                                : std::to_string(R)));
   }
   check_positions("x", x, position_offset, L);
+  detail::check_rope_scaling("opts.scaling", opts.scaling);
 
   float* const data = static_cast<float*>(x.data);
   const std::int64_t sb = x.strides[0], sh = x.strides[1], sl = x.strides[2];
   const std::int64_t half = R / 2;
   const bool interleaved = opts.style == RopeStyle::interleaved;
-  const std::vector<double> inv_freq = inverse_frequencies(opts.base, half, R);
+  const detail::RopeFrequencies freq = detail::rope_frequencies(opts, R);
+  const std::vector<double>& inv_freq = freq.inv_freq;
+  const double m = freq.attention_factor;
 
   const double work = static_cast<double>(H * R) + static_cast<double>(half) * kSinCosWork / B;
   for_items(context, L * B, work, [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
@@ -204,8 +208,8 @@ void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOpt
         const auto pos = static_cast<double>(position_offset + l);
         for (std::int64_t j = 0; j < half; ++j) {
           const double angle = pos * inv_freq[static_cast<std::size_t>(j)];
-          cosv[j] = static_cast<float>(std::cos(angle));
-          sinv[j] = static_cast<float>(std::sin(angle));
+          cosv[j] = static_cast<float>(m * std::cos(angle));
+          sinv[j] = static_cast<float>(m * std::sin(angle));
         }
         row_l = l;
       }
