@@ -66,7 +66,9 @@ struct Layer {
 
 Layer& layer(int which) {
   // d_model, heads, kv_heads, head_dim, value_dim: GQA with D != Dv, and plain multi-head.
-  static Layer layers[2] = {Layer(MhaConfig{8, 4, 2, 3, 5}), Layer(MhaConfig{6, 2, 2, 3, 3})};
+  static Layer layers[2] = {
+      Layer(MhaConfig{.d_model = 8, .heads = 4, .kv_heads = 2, .head_dim = 3, .value_dim = 5}),
+      Layer(MhaConfig{.d_model = 6, .heads = 2, .kv_heads = 2, .head_dim = 3, .value_dim = 3})};
   return layers[which];
 }
 

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cpuattn/layers.h"
@@ -469,6 +472,340 @@ TEST(Align, BadArgumentsNameThemAndLeaveOutputsUntouched) {
   EXPECT_THROW(AdditiveAttention({f32_view(r.w1.data(), {5, 7}), f32_view(r.w2.data(), {6, 7}),
                                   f32_view(r.v.data(), {6})}),
                Error);
+}
+
+// ------------------------------------------------------------------ RoPE and QK-norm in the layer
+
+// A decoder layer: MhaSetup's weights plus QK-norm weights and a rotary configuration.
+struct DecoderSetup : MhaSetup {
+  std::vector<float> qn, kn;  // QK-norm weights (per head or per projection)
+  DecoderSetup(MhaCase mc, std::optional<RopeOptions> rope, QkNorm norm, std::uint32_t seed)
+      : MhaSetup(mc, seed) {
+    cfg.rope = rope;
+    cfg.qk_norm = norm;
+    cfg.qk_norm_eps = 1e-5;
+    const bool per_head = norm == QkNorm::head;
+    qn = random_floats(per_head ? cfg.head_dim : cfg.heads * cfg.head_dim, seed + 20, 0.5f, 1.5f);
+    kn =
+        random_floats(per_head ? cfg.head_dim : cfg.kv_heads * cfg.head_dim, seed + 21, 0.5f, 1.5f);
+  }
+  MultiHeadAttention layer() const {
+    MhaWeights w{f32_view(wq.data(), {cfg.d_model, cfg.heads * cfg.head_dim}),
+                 f32_view(wk.data(), {cfg.d_model, cfg.kv_heads * cfg.head_dim}),
+                 f32_view(wv.data(), {cfg.d_model, cfg.kv_heads * cfg.value_dim}),
+                 f32_view(wo.data(), {cfg.heads * cfg.value_dim, cfg.d_model})};
+    if (bias) {
+      w.bq = f32_view(bq.data(), {cfg.heads * cfg.head_dim});
+      w.bk = f32_view(bk.data(), {cfg.kv_heads * cfg.head_dim});
+      w.bv = f32_view(bv.data(), {cfg.kv_heads * cfg.value_dim});
+      w.bo = f32_view(bo.data(), {cfg.d_model});
+    }
+    if (cfg.qk_norm != QkNorm::none) {
+      w.q_norm = f32_view(qn.data(), {static_cast<std::int64_t>(qn.size())});
+      w.k_norm = f32_view(kn.data(), {static_cast<std::int64_t>(kn.size())});
+    }
+    return MultiHeadAttention(cfg, w);
+  }
+  // RMSNorm in double of rows [tokens, heads * head_dim], per head or over the row.
+  void norm(Dvec& x, std::int64_t tokens, std::int64_t heads, const std::vector<float>& w) const {
+    if (cfg.qk_norm == QkNorm::none) return;
+    const std::int64_t D = cfg.head_dim;
+    const std::int64_t group = cfg.qk_norm == QkNorm::head ? D : heads * D;
+    for (std::int64_t g = 0; g < tokens * heads * D / group; ++g) {
+      double ss = 0;
+      for (std::int64_t i = 0; i < group; ++i) ss += x[g * group + i] * x[g * group + i];
+      const double inv = 1 / std::sqrt(ss / double(group) + cfg.qk_norm_eps);
+      for (std::int64_t i = 0; i < group; ++i) x[g * group + i] *= inv * w[i];
+    }
+  }
+  // The rotation by apply_rope (checked against a long double reference in test_positional) of
+  // rows [B, L, heads, head_dim] at positions 0 .. L-1.
+  void rotate(Dvec& x, std::int64_t B, std::int64_t L, std::int64_t heads) const {
+    if (!cfg.rope) return;
+    std::vector<float> f = to_float(x);
+    apply_rope(OutputView::blhd(f.data(), DType::f32, B, L, heads, cfg.head_dim), 0, *cfg.rope);
+    x = to_double(f);
+  }
+  // The layer: projections and norms in double, rotation, reference attention, output in double.
+  std::vector<float> reference(const std::vector<float>& xq, std::int64_t B, std::int64_t Lq,
+                               const std::vector<float>& xkv, std::int64_t Lk,
+                               Causal causal) const {
+    const MhaConfig& c = cfg;
+    const auto* nb = static_cast<const std::vector<float>*>(nullptr);
+    Dvec q = matmul(to_double(xq), wq, bias ? &bq : nb, B * Lq, c.d_model, c.heads * c.head_dim);
+    Dvec k =
+        matmul(to_double(xkv), wk, bias ? &bk : nb, B * Lk, c.d_model, c.kv_heads * c.head_dim);
+    const Dvec v =
+        matmul(to_double(xkv), wv, bias ? &bv : nb, B * Lk, c.d_model, c.kv_heads * c.value_dim);
+    norm(q, B * Lq, c.heads, qn);
+    norm(k, B * Lk, c.kv_heads, kn);
+    rotate(q, B, Lq, c.heads);
+    rotate(k, B, Lk, c.kv_heads);
+    Dvec a(static_cast<std::size_t>(B * Lq * c.heads * c.value_dim));
+    AttentionOptions opts;
+    opts.causal = causal;
+    reference_attention(TensorView::blhd(q.data(), DType::f64, B, Lq, c.heads, c.head_dim),
+                        TensorView::blhd(k.data(), DType::f64, B, Lk, c.kv_heads, c.head_dim),
+                        TensorView::blhd(v.data(), DType::f64, B, Lk, c.kv_heads, c.value_dim),
+                        OutputView::blhd(a.data(), DType::f64, B, Lq, c.heads, c.value_dim), opts);
+    return to_float(matmul(a, wo, bias ? &bo : nb, B * Lq, c.heads * c.value_dim, c.d_model));
+  }
+};
+
+struct DecoderCase {
+  const char* name;
+  MhaCase mc;
+  std::optional<RopeOptions> rope;
+  QkNorm norm;
+};
+
+std::vector<DecoderCase> decoder_cases() {
+  const RopeOptions llama3{.base = 500000.0,
+                           .scaling = {.type = RopeScalingType::llama3,
+                                       .factor = 8,
+                                       .original_max_position = 64,
+                                       .low_freq_factor = 1,
+                                       .high_freq_factor = 4}};
+  const RopeOptions yarn{
+      .style = RopeStyle::interleaved,
+      .scaling = {.type = RopeScalingType::yarn, .factor = 4, .original_max_position = 32}};
+  return {
+      {"rope half", MhaCase{64, 4, 2, 16, 0, true}, RopeOptions{}, QkNorm::none},
+      {"rope interleaved partial, linear, qk-norm head", MhaCase{48, 4, 4, 12, 10, false},
+       RopeOptions{.style = RopeStyle::interleaved,
+                   .rotary_dim = 8,
+                   .scaling = {.type = RopeScalingType::linear, .factor = 2}},
+       QkNorm::head},
+      {"llama3 GQA, qk-norm projection", MhaCase{64, 8, 2, 8, 0, true}, llama3, QkNorm::projection},
+      {"yarn odd head_dim partial, qk-norm head", MhaCase{33, 3, 1, 11, 0, true},
+       [&] {
+         RopeOptions o = yarn;
+         o.rotary_dim = 6;
+         return o;
+       }(),
+       QkNorm::head},
+      {"qk-norm head, no rope", MhaCase{40, 4, 2, 10, 12, true}, std::nullopt, QkNorm::head},
+  };
+}
+
+TEST(MhaRope, SelfAttentionMatchesReference) {
+  Context ctx(2);
+  std::uint32_t seed = 300;
+  for (const DecoderCase& dc : decoder_cases()) {
+    const DecoderSetup s(dc.mc, dc.rope, dc.norm, ++seed);
+    const MultiHeadAttention layer = s.layer();
+    const MhaConfig& c = layer.config();
+    for (std::int64_t B : {1, 2}) {
+      for (std::int64_t L : {1, 13, 70}) {
+        const auto x = random_floats(B * L * c.d_model, ++seed);
+        for (Causal causal : {Causal::none, Causal::top_left}) {
+          std::vector<float> out(B * L * c.d_model, 9.0f);
+          AttentionOptions opts;
+          opts.causal = causal;
+          layer.forward(f32_view(x.data(), {B, L, c.d_model}),
+                        f32_view(out.data(), {B, L, c.d_model}), opts, &ctx);
+          const auto want = s.reference(x, B, L, x, L, causal);
+          ASSERT_TRUE(all_close(out.data(), want.data(), out.size(), mha_atol(c, L), 0))
+              << dc.name << " B=" << B << " L=" << L << " causal=" << int(causal);
+        }
+      }
+    }
+    if (!c.rope) {  // QK-norm alone serves cross attention too
+      const std::int64_t B = 2, Lq = 5, Lk = 9;
+      const auto xq = random_floats(B * Lq * c.d_model, ++seed);
+      const auto xkv = random_floats(B * Lk * c.d_model, ++seed);
+      std::vector<float> out(B * Lq * c.d_model);
+      layer.forward_cross(f32_view(xq.data(), {B, Lq, c.d_model}),
+                          f32_view(xkv.data(), {B, Lk, c.d_model}),
+                          f32_view(out.data(), {B, Lq, c.d_model}), {}, &ctx);
+      const auto want = s.reference(xq, B, Lq, xkv, Lk, Causal::none);
+      ASSERT_TRUE(all_close(out.data(), want.data(), out.size(), mha_atol(c, Lk), 0))
+          << dc.name << " cross";
+    }
+  }
+}
+
+// GPT-J's interleaved pairs are NeoX's half-split pairs of a permuted head: the same layer with
+// Wq's and Wk's columns permuted per head must give the same output.
+TEST(MhaRope, InterleavedEqualsHalfSplitOnPermutedWeights) {
+  const std::int64_t D = 16, R = 12;
+  DecoderSetup half(MhaCase{64, 4, 2, D, 0, true}, RopeOptions{.rotary_dim = R}, QkNorm::none, 40);
+  DecoderSetup inter = half;
+  inter.cfg.rope->style = RopeStyle::interleaved;
+  // Half-split dimension j < R/2 pairs with j + R/2; interleaved 2j pairs with 2j + 1.
+  auto permute = [&](const std::vector<float>& w, std::vector<float>& to, std::int64_t rows,
+                     std::int64_t heads) {
+    const std::int64_t cols = heads * D;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const std::int64_t from = d >= R ? d : (d % 2 == 0 ? d / 2 : d / 2 + R / 2);
+          to[r * cols + h * D + d] = w[r * cols + h * D + from];
+        }
+  };
+  permute(half.wq, inter.wq, half.cfg.d_model, half.cfg.heads);
+  permute(half.wk, inter.wk, half.cfg.d_model, half.cfg.kv_heads);
+  permute(half.bq, inter.bq, 1, half.cfg.heads);
+  permute(half.bk, inter.bk, 1, half.cfg.kv_heads);
+  const std::int64_t B = 2, L = 21;
+  const auto x = random_floats(B * L * 64, 41);
+  std::vector<float> a(x.size()), b(x.size());
+  AttentionOptions opts;
+  opts.causal = Causal::top_left;
+  half.layer().forward(f32_view(x.data(), {B, L, 64}), f32_view(a.data(), {B, L, 64}), opts);
+  inter.layer().forward(f32_view(x.data(), {B, L, 64}), f32_view(b.data(), {B, L, 64}), opts);
+  EXPECT_TRUE(all_close(b.data(), a.data(), a.size(), mha_atol(half.cfg, L), 0));
+  // And the test can tell: unpermuted weights under the interleaved layout differ.
+  DecoderSetup wrong = half;
+  wrong.cfg.rope->style = RopeStyle::interleaved;
+  wrong.layer().forward(f32_view(x.data(), {B, L, 64}), f32_view(b.data(), {B, L, 64}), opts);
+  EXPECT_FALSE(all_close(b.data(), a.data(), a.size(), mha_atol(half.cfg, L), 0));
+}
+
+// Decoding token by token (and in chunks) with rotated, normalized keys gives the rows of one
+// causal forward pass: positions follow the cache, contiguous or paged (each sequence its own).
+TEST(MhaRope, DecodeEqualsCausalForward) {
+  std::uint32_t seed = 500;
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const DecoderSetup s(dc.mc, dc.rope, dc.norm, ++seed);
+    const MultiHeadAttention layer = s.layer();
+    const MhaConfig& c = layer.config();
+    const std::int64_t B = 2, T = 12, d = c.d_model;
+    const auto x = random_floats(B * T * d, ++seed);
+    std::vector<float> want(x.size());
+    AttentionOptions causal;
+    causal.causal = Causal::top_left;
+    layer.forward(f32_view(x.data(), {B, T, d}), f32_view(want.data(), {B, T, d}), causal);
+    auto slice = [&](std::int64_t b0, std::int64_t nb, std::int64_t pos, std::int64_t n) {
+      TensorView xs = f32_view(x.data() + (b0 * T + pos) * d, {nb, n, d});
+      xs.strides = {T * d, d, 1, 0};
+      return xs;
+    };
+    auto expect_rows = [&](const std::vector<float>& out, std::int64_t b, std::int64_t row,
+                           std::int64_t pos, std::int64_t n, const char* what) {
+      ASSERT_TRUE(all_close(out.data() + row * n * d, want.data() + (b * T + pos) * d, n * d,
+                            mha_atol(c, T), 0))
+          << what << ": tokens [" << pos << ", " << pos + n << ") of sequence " << b;
+    };
+    for (bool growable : {false, true}) {
+      KvCache cache = layer.make_cache(B, growable ? 2 : T, growable);
+      std::int64_t pos = 0;
+      for (std::int64_t n : {5, 1, 1, 2, 3}) {
+        std::vector<float> out(B * n * d);
+        layer.decode(slice(0, B, pos, n), cache, f32_view(out.data(), {B, n, d}));
+        for (std::int64_t b = 0; b < B; ++b) expect_rows(out, b, b, pos, n, "contiguous");
+        pos += n;
+      }
+    }
+    // Paged: sequence 0 prefilled with 5 tokens, sequence 1 with 2, then steps of both together.
+    PagedKvCache paged = layer.make_paged_cache(16, 4);
+    const std::vector<std::int64_t> seqs = {paged.add_sequence(), paged.add_sequence()};
+    std::int64_t len[2] = {5, 2};
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::vector<float> out(len[b] * d);
+      layer.decode(slice(b, 1, 0, len[b]), paged, {seqs[static_cast<std::size_t>(b)]},
+                   f32_view(out.data(), {1, len[b], d}));
+      expect_rows(out, b, 0, 0, len[b], "paged prefill");
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> out(B * d);
+      // Sequence b's next token is row b * T + len[b] of x.
+      TensorView xs = f32_view(x.data() + len[0] * d, {B, 1, d});
+      xs.strides = {(T + len[1] - len[0]) * d, d, 1, 0};
+      layer.decode(xs, paged, seqs, f32_view(out.data(), {B, 1, d}));
+      for (std::int64_t b = 0; b < B; ++b) expect_rows(out, b, b, len[b], 1, "paged step");
+      ++len[0];
+      ++len[1];
+    }
+  }
+}
+
+// Keys are cached rotated whatever the cache stores: every dtype holds the f32 cache's keys,
+// rounded (bf16, f16) or quantized (int8: within half a step of its scale).
+TEST(MhaRope, CachesHoldRotatedKeysInEveryDtype) {
+  const DecoderSetup s(MhaCase{48, 4, 2, 12, 0, true}, decoder_cases()[2].rope, QkNorm::head, 90);
+  const MultiHeadAttention layer = s.layer();
+  const std::int64_t B = 2, T = 7, d = 48, D = 12, Hkv = 2;
+  const auto x = random_floats(B * T * d, 91);
+  auto run = [&](DType dt) {
+    KvCache cache = layer.make_cache(B, T, false, dt);
+    std::vector<float> out(B * T * d);
+    for (std::int64_t pos = 0; pos < T; ++pos) {
+      TensorView xs = f32_view(x.data() + pos * d, {B, 1, d});
+      xs.strides = {T * d, d, 1, 0};
+      layer.decode(xs, cache, f32_view(out.data(), {B, 1, d}));
+    }
+    return cache;
+  };
+  const KvCache ref = run(DType::f32);
+  const auto* want = static_cast<const float*>(ref.keys().data);
+  for (DType dt : {DType::bf16, DType::f16, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const KvCache cache = run(dt);
+    const TensorView keys = cache.keys();
+    for (std::int64_t i = 0; i < B * Hkv * T * D; ++i) {
+      const std::int64_t row = i / D;
+      if (dt == DType::i8) {
+        const float scale = static_cast<const float*>(cache.key_scales()->data)[row];
+        const float got = static_cast<const std::int8_t*>(keys.data)[i] * scale;
+        ASSERT_LE(std::abs(got - want[i]), 0.5f * scale * (1 + 1e-5f)) << "element " << i;
+      } else {
+        const std::uint16_t bits = static_cast<const std::uint16_t*>(keys.data)[i];
+        ASSERT_EQ(bits, dt == DType::bf16 ? to_bf16(want[i]) : to_f16(want[i])) << "element " << i;
+      }
+    }
+  }
+}
+
+TEST(MhaRope, BadConfigurationsAreNamedErrors) {
+  const MhaCase mc{32, 4, 2, 8, 0, false};
+  auto expect_error = [&](const std::function<void(DecoderSetup&, MhaWeights*)>& mutate,
+                          const std::string& needle) {
+    DecoderSetup s(mc, RopeOptions{}, QkNorm::head, 7);
+    mutate(s, nullptr);
+    try {
+      (void)s.layer();
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.cfg.rope->rotary_dim = 5; },
+               "rope.rotary_dim must be even");
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.cfg.rope->rotary_dim = 10; }, "head_dim=8");
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.cfg.rope->base = 1; }, "rope.base");
+  expect_error(
+      [](DecoderSetup& s, MhaWeights*) {
+        s.cfg.rope->scaling = {.type = RopeScalingType::yarn, .factor = 0.5};
+      },
+      "rope.scaling.factor");
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.cfg.qk_norm_eps = 0; }, "qk_norm_eps");
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.kn.pop_back(); }, "k_norm [7] must be [8]");
+  expect_error([](DecoderSetup& s, MhaWeights*) { s.cfg.qk_norm = QkNorm::projection; },
+               "q_norm [8] must be [32]");
+  // Norm weights without a norm, and a norm without weights.
+  DecoderSetup s(mc, std::nullopt, QkNorm::head, 8);
+  MhaWeights w{f32_view(s.wq.data(), {32, 32}), f32_view(s.wk.data(), {32, 16}),
+               f32_view(s.wv.data(), {32, 16}), f32_view(s.wo.data(), {32, 32})};
+  MhaConfig c = s.cfg;
+  EXPECT_THROW(MultiHeadAttention(c, w), Error);  // qk_norm head, no q_norm
+  c.qk_norm = QkNorm::none;
+  w.q_norm = f32_view(s.qn.data(), {8});
+  EXPECT_THROW(MultiHeadAttention(c, w), Error);  // q_norm without qk_norm
+  // Cross attention has no positions for the rotation.
+  const DecoderSetup r(mc, RopeOptions{}, QkNorm::none, 9);
+  const MultiHeadAttention layer = r.layer();
+  auto xq = random_floats(2 * 32, 10), xkv = random_floats(3 * 32, 11);
+  std::vector<float> out(2 * 32, 4.0f);
+  try {
+    layer.forward_cross(f32_view(xq.data(), {1, 2, 32}), f32_view(xkv.data(), {1, 3, 32}),
+                        f32_view(out.data(), {1, 2, 32}));
+    ADD_FAILURE() << "forward_cross with rope must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MhaConfig::rope"), std::string::npos) << e.what();
+  }
+  for (float v : out) ASSERT_EQ(v, 4.0f);
 }
 
 }  // namespace

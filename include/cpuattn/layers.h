@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
+#include "cpuattn/positional.h"
 
 namespace cpuattn {
 
@@ -188,12 +189,28 @@ class CPUATTN_API PagedKvCache {
   std::unique_ptr<Storage> s_;
 };
 
+// QK-norm: RMSNorm of the projected queries and keys, y = x / sqrt(mean(x^2) + eps) * w, before
+// the rotary embedding.
+//   head:       over each head's head_dim values, w [head_dim] shared by the heads (Qwen3;
+//               Gemma 3 with w = 1 + its stored weight)
+//   projection: over all heads of a token at once, w [heads * head_dim] for Q and
+//               [kv_heads * head_dim] for K (OLMo 2)
+enum class QkNorm : std::uint8_t { none, head, projection };
+
 struct MhaConfig {
   std::int64_t d_model = 0;
   std::int64_t heads = 0;
   std::int64_t kv_heads = 0;   // 0: same as heads. heads % kv_heads == 0 (GQA; 1 = MQA)
   std::int64_t head_dim = 0;   // 0: d_model / heads
   std::int64_t value_dim = 0;  // 0: head_dim
+  // Rotary position embedding of Q and K inside the layer (cpuattn/positional.h; rotary_dim and
+  // scaling included), applied after the projections and QK-norm while the rows are in cache.
+  // Keys are cached rotated. Positions: 0 .. L-1 in forward(); in decode(), the cache's length
+  // (each sequence's own in a paged cache) plus the token's index in the step. Self-attention
+  // only: forward_cross() of a layer with rope is an Error.
+  std::optional<RopeOptions> rope = std::nullopt;
+  QkNorm qk_norm = QkNorm::none;  // weights: MhaWeights::q_norm, k_norm
+  double qk_norm_eps = 1e-6;      // finite, > 0
 };
 
 // Weights in the x W convention (W [in, out]), f32 or bf16 (see Linear); biases optional, f32.
@@ -202,7 +219,10 @@ struct MhaWeights {
   TensorView wk;  // [d_model, kv_heads * head_dim]
   TensorView wv;  // [d_model, kv_heads * value_dim]
   TensorView wo;  // [heads * value_dim, d_model]
-  std::optional<TensorView> bq, bk, bv, bo;
+  std::optional<TensorView> bq = std::nullopt, bk = std::nullopt, bv = std::nullopt,
+                            bo = std::nullopt;
+  // QK-norm weights, f32 (MhaConfig::qk_norm): given exactly when qk_norm is not none.
+  std::optional<TensorView> q_norm = std::nullopt, k_norm = std::nullopt;
 };
 
 // Multi-head attention: out = concat_h(attention(x Wq_h, x' Wk_h, x' Wv_h)) Wo + bo.

@@ -15,6 +15,7 @@
 #include "cpuattn/layers.h"
 #include "layers/cache_rows.h"
 #include "layers/paged_cache.h"
+#include "layers/qk_prep.h"
 
 namespace cpuattn {
 
@@ -262,8 +263,16 @@ KvCache::KvCache(std::int64_t batch, std::int64_t kv_heads, std::int64_t head_di
     fail(
         "KvCache: scales.k and scales.v must both be given (static scales) or both be empty "
         "(per-token scales)");
-  auto s = std::make_unique<Storage>(Storage{batch, kv_heads, head_dim, value_dim, growable, dtype,
-                                             {}, 0, std::move(k_static), std::move(v_static)});
+  auto s = std::make_unique<Storage>(Storage{batch,
+                                             kv_heads,
+                                             head_dim,
+                                             value_dim,
+                                             growable,
+                                             dtype,
+                                             {},
+                                             0,
+                                             std::move(k_static),
+                                             std::move(v_static)});
   s->t = s->grown(capacity);
   s_ = std::move(s);
 }
@@ -344,6 +353,7 @@ std::optional<TensorView> KvCache::value_scales() const {
 struct MultiHeadAttention::Impl {
   MhaConfig cfg;
   Linear wq, wk, wv, wo;
+  detail::QkPrep prep;  // QK-norm and RoPE of the projected rows
 
   // Per-call intermediates in the context's per-thread layer scratch:
   // Q [rows_q, H*D], K [rows_kv, Hkv*D], V [rows_kv, Hkv*Dv], A (heads' outputs) [rows_q, H*Dv].
@@ -409,6 +419,16 @@ struct MultiHeadAttention::Impl {
     wv.forward(x, f32_view(buf.v, {B, n, cfg.kv_heads * cfg.value_dim}), &ctx);
   }
 
+  // QK-norm and RoPE of the n new tokens' rows in buf (project_step's), at positions `at`.
+  void prepare_step(const Buffers& buf, std::int64_t B, std::int64_t n,
+                    detail::QkPrep::Positions at, Context& ctx) const {
+    prep.apply(detail::HeadRows{buf.q, cfg.heads * cfg.head_dim, cfg.heads},
+               detail::HeadRows{buf.k, cfg.kv_heads * cfg.head_dim, cfg.kv_heads}, B, n, at, ctx);
+  }
+
+  void forward(const TensorView& xq, const TensorView& xkv, const OutputView& out,
+               const AttentionOptions& opts, Context& ctx, bool self) const;
+
   // out = A Wo + bo for the rows of buf.a [rows, H * Dv].
   void output(const Buffers& buf, std::int64_t B, std::int64_t L, const OutputView& out,
               Context& ctx) const {
@@ -469,8 +489,9 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights
   expect_bias("bk", w.bk, nk);
   expect_bias("bv", w.bv, nv);
   expect_bias("bo", w.bo, c.d_model);
-  impl_ = std::make_unique<Impl>(
-      Impl{c, Linear(w.wq, w.bq), Linear(w.wk, w.bk), Linear(w.wv, w.bv), Linear(w.wo, w.bo)});
+  detail::QkPrep prep(c, w);
+  impl_ = std::make_unique<Impl>(Impl{c, Linear(w.wq, w.bq), Linear(w.wk, w.bk), Linear(w.wv, w.bv),
+                                      Linear(w.wo, w.bo), std::move(prep)});
 }
 
 namespace {
@@ -501,22 +522,39 @@ KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity
 
 void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
                                  const AttentionOptions& opts, Context* context) const {
-  // The record is this scope's; forward_cross's own scope is then nested and records nothing.
   detail::CallScope scope("mha.forward");
-  forward_cross(x, x, out, opts, context);
-  describe(scope, "x:" + detail::dims_of(x), live(impl_, "forward").cfg, opts);
-  scope.finish(context != nullptr ? *context : default_context());
+  const Impl& m = live(impl_, "forward");
+  Context& ctx = context != nullptr ? *context : default_context();
+  m.forward(x, x, out, opts, ctx, /*self=*/true);
+  describe(scope, "x:" + detail::dims_of(x), m.cfg, opts);
+  scope.finish(ctx);
 }
 
 void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,
                                        const OutputView& out, const AttentionOptions& opts,
                                        Context* context) const {
   detail::CallScope scope("mha.forward_cross");
-  const Impl& m = live(impl_, "forward");
-  const MhaConfig& c = m.cfg;
-  check_f32("xq", xq, 3);
+  const Impl& m = live(impl_, "forward_cross");
+  if (m.prep.rotates()) {
+    fail(
+        "forward_cross: this layer has MhaConfig::rope, which is for self-attention (queries and "
+        "keys at positions of one sequence); use forward() or decode()");
+  }
+  Context& ctx = context != nullptr ? *context : default_context();
+  m.forward(xq, xkv, out, opts, ctx, /*self=*/false);
+  describe(scope, "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv), m.cfg, opts);
+  scope.finish(ctx);
+}
+
+// Both forward passes: self (xq = xkv, positions 0 .. L-1 for RoPE) or cross.
+void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& xkv,
+                                       const OutputView& out, const AttentionOptions& opts,
+                                       Context& ctx, bool self) const {
+  const MhaConfig& c = cfg;
+  const char* const qname = self ? "x" : "xq";
+  check_f32(qname, xq, 3);
   const std::int64_t B = xq.shape[0], Lq = xq.shape[1];
-  m.check_io("xq", xq, "out", out, B, Lq);
+  check_io(qname, xq, "out", out, B, Lq);
   check_f32("xkv", xkv, 3);
   if (xkv.shape[0] != B || xkv.shape[2] != c.d_model) {
     fail("xkv " + shape_str(xkv) + " must be [" + std::to_string(B) + ",Lk," +
@@ -526,26 +564,31 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   const detail::Extent oe = detail::extent_of("out", out);
   detail::check_disjoint(
       "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
-  Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Impl::Buffers buf = m.buffers(ctx, B * Lq, B * Lk);
-  const OutputView q = Impl::heads_view(buf.q, B, Lq, c.heads, c.head_dim);
-  const OutputView k = Impl::heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim);
-  const OutputView v = Impl::heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim);
-  const OutputView a = Impl::heads_view(buf.a, B, Lq, c.heads, c.value_dim);
+  const Buffers buf = buffers(ctx, B * Lq, B * Lk);
+  const OutputView q = heads_view(buf.q, B, Lq, c.heads, c.head_dim);
+  const OutputView k = heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim);
+  const OutputView v = heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim);
+  const OutputView a = heads_view(buf.a, B, Lq, c.heads, c.value_dim);
   // Every option (mask, key lengths, lse, weights) is checked against the shapes before anything
   // is computed, so a bad option leaves `out` untouched.
   const detail::Problem problem = detail::validate(q, k, v, a, opts, false);
   check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
 
-  m.wq.forward(xq, f32_view(buf.q, {B, Lq, c.heads * c.head_dim}), &ctx);
-  m.wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
-  m.wv.forward(xkv, f32_view(buf.v, {B, Lk, c.kv_heads * c.value_dim}), &ctx);
+  wq.forward(xq, f32_view(buf.q, {B, Lq, c.heads * c.head_dim}), &ctx);
+  wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
+  wv.forward(xkv, f32_view(buf.v, {B, Lk, c.kv_heads * c.value_dim}), &ctx);
+  if (self) {
+    prepare_step(buf, B, Lq, {}, ctx);
+  } else {  // QK-norm only (no rope: forward_cross refuses it); Q and K have their own lengths
+    prep.apply(detail::HeadRows{buf.q, c.heads * c.head_dim, c.heads}, std::nullopt, B, Lq, {},
+               ctx);
+    prep.apply(std::nullopt, detail::HeadRows{buf.k, c.kv_heads * c.head_dim, c.kv_heads}, B, Lk,
+               {}, ctx);
+  }
   detail::run_attention(problem, ctx);
-  m.output(buf, B, Lq, out, ctx);
-  describe(scope, "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv), c, opts);
-  scope.finish(ctx);
+  output(buf, B, Lq, out, ctx);
 }
 
 void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,
@@ -583,6 +626,7 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
   m.project_step(x, buf, ctx);
+  m.prepare_step(buf, B, n, {.first = s.length}, ctx);
   const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
   const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
   s.check_storable(new_k, "k (projected from x)");
@@ -648,6 +692,12 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
   m.project_step(x, buf, ctx);
+  {
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(B));
+    for (std::int64_t b = 0; b < B; ++b)
+      lengths[static_cast<std::size_t>(b)] = cache.length(seqs[static_cast<std::size_t>(b)]);
+    m.prepare_step(buf, B, n, {.per_seq = lengths.data()}, ctx);
+  }
   // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
   const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
     TensorView t = TensorView::contiguous(static_cast<const float*>(base) + b * n * c.kv_heads * d,

@@ -13,9 +13,6 @@
 // it, so results do not depend on the number of threads or on how the items are split.
 #include "cpuattn/positional.h"
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +22,7 @@
 
 #include "api/checks.h"
 #include "api/context_impl.h"
+#include "layers/for_items.h"
 #include "layers/rope_frequencies.h"
 
 namespace cpuattn {
@@ -33,10 +31,6 @@ namespace {
 // Positions must be exact in double so that the angle is computed from the true position.
 constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
 
-// Below this much work (in element updates) a call runs serially in the calling thread: starting
-// tasks would cost more than it saves. Tasks get at least kTaskWork each.
-constexpr double kParallelWork = 32768;
-constexpr double kTaskWork = 8192;
 // A double sine plus cosine costs about as much as this many element updates.
 constexpr double kSinCosWork = 16;
 
@@ -78,29 +72,6 @@ void check_base(const char* name, double base) {
   }
 }
 
-// Runs body(begin, end, scratch) over the items [0, items), in parallel when there is enough work.
-template <class Body>
-void for_items(Context* context, std::int64_t items, double work_per_item, const Body& body) {
-  Context& ctx = context != nullptr ? *context : default_context();
-  Context::Impl& c = detail::ContextAccess::impl(ctx);
-  if (static_cast<double>(items) * work_per_item <= kParallelWork) {
-    detail::Scratch& s = c.task_scratch.local();
-    const Context::Impl::Lease lease{c, s};
-    body(std::int64_t{0}, items, s);
-    return;
-  }
-  const auto grain =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(kTaskWork / work_per_item)));
-  c.run([&] {
-    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, items, grain),
-                      [&](const tbb::blocked_range<std::int64_t>& r) {
-                        detail::Scratch& s = c.task_scratch.local();
-                        const Context::Impl::Lease lease{c, s};
-                        body(r.begin(), r.end(), s);
-                      });
-  });
-}
-
 // base^(-2i/n) for i in [0, count), the angular frequencies shared by every position.
 std::vector<double> inverse_frequencies(double base, std::int64_t count, std::int64_t n) {
   std::vector<double> f(static_cast<std::size_t>(count));
@@ -125,28 +96,29 @@ void sinusoidal(const OutputView& x, std::int64_t position_offset, double base, 
   const std::vector<double> inv_freq = inverse_frequencies(base, pairs, d);
 
   const double work = static_cast<double>(d) + static_cast<double>(pairs) * kSinCosWork / B;
-  for_items(context, L * B, work, [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
-    float* const pe = s.get(static_cast<std::size_t>(d));
-    std::int64_t row_l = -1;  // the position whose encoding `pe` holds
-    for (std::int64_t t = begin; t < end; ++t) {
-      const std::int64_t l = t / B, b = t % B;
-      if (l != row_l) {
-        const auto pos = static_cast<double>(position_offset + l);
-        for (std::int64_t i = 0; i < pairs; ++i) {
-          const double angle = pos * inv_freq[static_cast<std::size_t>(i)];
-          pe[2 * i] = static_cast<float>(std::sin(angle));
-          if (2 * i + 1 < d) pe[2 * i + 1] = static_cast<float>(std::cos(angle));
-        }
-        row_l = l;
-      }
-      float* const row = data + b * sb + l * sl;
-      if (add) {
-        for (std::int64_t c = 0; c < d; ++c) row[c] += pe[c];
-      } else {
-        std::copy(pe, pe + d, row);
-      }
-    }
-  });
+  detail::for_items(context, L * B, work,
+                    [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
+                      float* const pe = s.get(static_cast<std::size_t>(d));
+                      std::int64_t row_l = -1;  // the position whose encoding `pe` holds
+                      for (std::int64_t t = begin; t < end; ++t) {
+                        const std::int64_t l = t / B, b = t % B;
+                        if (l != row_l) {
+                          const auto pos = static_cast<double>(position_offset + l);
+                          for (std::int64_t i = 0; i < pairs; ++i) {
+                            const double angle = pos * inv_freq[static_cast<std::size_t>(i)];
+                            pe[2 * i] = static_cast<float>(std::sin(angle));
+                            if (2 * i + 1 < d) pe[2 * i + 1] = static_cast<float>(std::cos(angle));
+                          }
+                          row_l = l;
+                        }
+                        float* const row = data + b * sb + l * sl;
+                        if (add) {
+                          for (std::int64_t c = 0; c < d; ++c) row[c] += pe[c];
+                        } else {
+                          std::copy(pe, pe + d, row);
+                        }
+                      }
+                    });
 }
 
 }  // namespace
@@ -198,39 +170,40 @@ void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOpt
   const double m = freq.attention_factor;
 
   const double work = static_cast<double>(H * R) + static_cast<double>(half) * kSinCosWork / B;
-  for_items(context, L * B, work, [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
-    float* const cosv = s.get(static_cast<std::size_t>(2 * half));
-    float* const sinv = cosv + half;
-    std::int64_t row_l = -1;  // the position whose angles cosv/sinv hold
-    for (std::int64_t t = begin; t < end; ++t) {
-      const std::int64_t l = t / B, b = t % B;
-      if (l != row_l) {
-        const auto pos = static_cast<double>(position_offset + l);
-        for (std::int64_t j = 0; j < half; ++j) {
-          const double angle = pos * inv_freq[static_cast<std::size_t>(j)];
-          cosv[j] = static_cast<float>(m * std::cos(angle));
-          sinv[j] = static_cast<float>(m * std::sin(angle));
-        }
-        row_l = l;
-      }
-      for (std::int64_t h = 0; h < H; ++h) {
-        float* const row = data + b * sb + h * sh + l * sl;
-        if (interleaved) {
-          for (std::int64_t j = 0; j < half; ++j) {
-            const float x1 = row[2 * j], x2 = row[2 * j + 1];
-            row[2 * j] = x1 * cosv[j] - x2 * sinv[j];
-            row[2 * j + 1] = x1 * sinv[j] + x2 * cosv[j];
-          }
-        } else {
-          for (std::int64_t j = 0; j < half; ++j) {
-            const float x1 = row[j], x2 = row[j + half];
-            row[j] = x1 * cosv[j] - x2 * sinv[j];
-            row[j + half] = x1 * sinv[j] + x2 * cosv[j];
-          }
-        }
-      }
-    }
-  });
+  detail::for_items(context, L * B, work,
+                    [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
+                      float* const cosv = s.get(static_cast<std::size_t>(2 * half));
+                      float* const sinv = cosv + half;
+                      std::int64_t row_l = -1;  // the position whose angles cosv/sinv hold
+                      for (std::int64_t t = begin; t < end; ++t) {
+                        const std::int64_t l = t / B, b = t % B;
+                        if (l != row_l) {
+                          const auto pos = static_cast<double>(position_offset + l);
+                          for (std::int64_t j = 0; j < half; ++j) {
+                            const double angle = pos * inv_freq[static_cast<std::size_t>(j)];
+                            cosv[j] = static_cast<float>(m * std::cos(angle));
+                            sinv[j] = static_cast<float>(m * std::sin(angle));
+                          }
+                          row_l = l;
+                        }
+                        for (std::int64_t h = 0; h < H; ++h) {
+                          float* const row = data + b * sb + h * sh + l * sl;
+                          if (interleaved) {
+                            for (std::int64_t j = 0; j < half; ++j) {
+                              const float x1 = row[2 * j], x2 = row[2 * j + 1];
+                              row[2 * j] = x1 * cosv[j] - x2 * sinv[j];
+                              row[2 * j + 1] = x1 * sinv[j] + x2 * cosv[j];
+                            }
+                          } else {
+                            for (std::int64_t j = 0; j < half; ++j) {
+                              const float x1 = row[j], x2 = row[j + half];
+                              row[j] = x1 * cosv[j] - x2 * sinv[j];
+                              row[j + half] = x1 * sinv[j] + x2 * cosv[j];
+                            }
+                          }
+                        }
+                      }
+                    });
 }
 
 }  // namespace cpuattn

@@ -242,8 +242,15 @@ std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32) {
     return f32_view(w.data(), {kDm, kDm});
   };
   const auto bv = f32_view(b.data(), {kDm});
-  return std::make_shared<MultiHeadAttention>(
-      MhaConfig{kDm, kHeads, 0, 0, 0}, MhaWeights{m(wq), m(wk), m(wv), m(wo), bv, bv, bv, bv});
+  return std::make_shared<MultiHeadAttention>(MhaConfig{.d_model = kDm, .heads = kHeads},
+                                              MhaWeights{.wq = m(wq),
+                                                         .wk = m(wk),
+                                                         .wv = m(wv),
+                                                         .wo = m(wo),
+                                                         .bq = bv,
+                                                         .bk = bv,
+                                                         .bv = bv,
+                                                         .bo = bv});
 }
 
 }  // namespace

@@ -150,14 +150,10 @@ void run(const MhaArgs& a) {
   }
   config.head_dim = wq.shape[1] / a.heads;
   config.value_dim = wo.shape[0] / a.heads;
-  MhaWeights mw{npy::input_view(wq),
-                npy::input_view(wk),
-                npy::input_view(wv),
-                npy::input_view(wo),
-                {},
-                {},
-                {},
-                {}};
+  MhaWeights mw{.wq = npy::input_view(wq),
+                .wk = npy::input_view(wk),
+                .wv = npy::input_view(wv),
+                .wo = npy::input_view(wo)};
   const struct {
     const char* what;
     const std::string& path;

@@ -155,8 +155,12 @@ struct Model {
     w.wk = f32_view(wk.data(), {dm, kvd});
     w.wv = f32_view(wv.data(), {dm, kvd});
     w.wo = f32_view(wo.data(), {hd, dm});
-    mha = std::make_unique<MultiHeadAttention>(
-        MhaConfig{dm, s.d_heads, s.d_kv_heads, s.d_dim, s.d_dim}, w);
+    mha = std::make_unique<MultiHeadAttention>(MhaConfig{.d_model = dm,
+                                                         .heads = s.d_heads,
+                                                         .kv_heads = s.d_kv_heads,
+                                                         .head_dim = s.d_dim,
+                                                         .value_dim = s.d_dim},
+                                               w);
   }
 };
 
