@@ -58,7 +58,7 @@ extern "C" {
 
 /* Version of this C interface; incremented when it changes (fields are only ever appended to the
  * versioned structs, and functions only added). cpuattn_c_api_version() gives the library's. */
-#define CPUATTN_C_API_VERSION 4
+#define CPUATTN_C_API_VERSION 5
 
 /* ----------------------------------------------------------------------------- status, errors */
 
@@ -385,6 +385,27 @@ CPUATTN_API cpuattn_status cpuattn_kv_cache_value_scales(const cpuattn_kv_cache*
 
 /* ---------------------------------------------------------------------- multi-head attention */
 
+/* Rotary embedding and QK-norm of a decoder layer (cpuattn::RopeOptions, cpuattn::QkNorm; since
+ * C API version 5). */
+typedef enum cpuattn_rope_style {
+  CPUATTN_ROPE_HALF = 0,       /* pairs (j, j + R/2): GPT-NeoX, Llama */
+  CPUATTN_ROPE_INTERLEAVED = 1 /* pairs (2j, 2j + 1): GPT-J */
+} cpuattn_rope_style;
+
+typedef enum cpuattn_rope_scaling {
+  CPUATTN_ROPE_SCALING_NONE = 0,
+  CPUATTN_ROPE_SCALING_LINEAR = 1,
+  CPUATTN_ROPE_SCALING_NTK = 2,
+  CPUATTN_ROPE_SCALING_LLAMA3 = 3,
+  CPUATTN_ROPE_SCALING_YARN = 4
+} cpuattn_rope_scaling;
+
+typedef enum cpuattn_qk_norm {
+  CPUATTN_QK_NORM_NONE = 0,
+  CPUATTN_QK_NORM_HEAD = 1,      /* RMSNorm over each head, weight [head_dim] */
+  CPUATTN_QK_NORM_PROJECTION = 2 /* over all heads of a token, weight [heads * head_dim] */
+} cpuattn_qk_norm;
+
 typedef struct cpuattn_mha_config {
   size_t struct_size; /* sizeof(cpuattn_mha_config) */
   int64_t d_model;
@@ -392,6 +413,22 @@ typedef struct cpuattn_mha_config {
   int64_t kv_heads;  /* 0: heads */
   int64_t head_dim;  /* 0: d_model / heads */
   int64_t value_dim; /* 0: head_dim */
+  /* Since C API version 5 (cpuattn::MhaConfig::rope and qk_norm; the rules are in
+   * cpuattn/positional.h). rope_base 0: no rotary embedding, and the other rope_* fields are
+   * ignored. A 0 in the fields below stands for the C++ default given beside it. */
+  double rope_base;                   /* > 1 to rotate */
+  int64_t rope_rotary_dim;            /* 0: head_dim */
+  int32_t rope_style;                 /* cpuattn_rope_style */
+  int32_t rope_scaling;               /* cpuattn_rope_scaling */
+  double rope_factor;                 /* 0: 1 */
+  int64_t rope_original_max_position; /* 0: 8192 */
+  double rope_low_freq_factor;        /* 0: 1 */
+  double rope_high_freq_factor;       /* 0: 4 */
+  double rope_beta_fast;              /* 0: 32 */
+  double rope_beta_slow;              /* 0: 1 */
+  double rope_attention_factor;       /* 0: 0.1 ln factor + 1 */
+  int32_t qk_norm;                    /* cpuattn_qk_norm; weights q_norm, k_norm */
+  double qk_norm_eps;                 /* 0: 1e-6 */
 } cpuattn_mha_config;
 
 /* The smallest struct_size accepted: struct_size, d_model and heads. */
@@ -409,6 +446,9 @@ typedef struct cpuattn_mha_weights {
   const cpuattn_tensor* bk;
   const cpuattn_tensor* bv;
   const cpuattn_tensor* bo;
+  /* Since C API version 5: QK-norm weights, f32, given exactly when config.qk_norm is set. */
+  const cpuattn_tensor* q_norm;
+  const cpuattn_tensor* k_norm;
 } cpuattn_mha_weights;
 
 /* The smallest struct_size accepted: struct_size and the four matrices. */

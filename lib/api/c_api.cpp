@@ -812,6 +812,41 @@ cpuattn_status cpuattn_kv_cache_value_scales(const cpuattn_kv_cache* cache, cpua
 
 // ------------------------------------------------------------------------- multi-head attention
 
+namespace {
+
+// The C config with its zeros read as the C++ defaults (cpuattn_c.h); the C++ constructor checks
+// the values. Enum fields are passed on as they are, so an out-of-range one is its Error.
+cpuattn::MhaConfig mha_config_from_c(const cpuattn_mha_config& c) {
+  cpuattn::MhaConfig m;
+  m.d_model = c.d_model;
+  m.heads = c.heads;
+  m.kv_heads = c.kv_heads;
+  m.head_dim = c.head_dim;
+  m.value_dim = c.value_dim;
+  const auto or_default = [](auto v, auto def) { return v == 0 ? def : v; };
+  if (c.rope_base != 0) {
+    cpuattn::RopeOptions r;
+    r.base = c.rope_base;
+    r.rotary_dim = c.rope_rotary_dim;
+    r.style = static_cast<cpuattn::RopeStyle>(c.rope_style);
+    cpuattn::RopeScaling& sc = r.scaling;
+    sc.type = static_cast<cpuattn::RopeScalingType>(c.rope_scaling);
+    sc.factor = or_default(c.rope_factor, sc.factor);
+    sc.original_max_position = or_default(c.rope_original_max_position, sc.original_max_position);
+    sc.low_freq_factor = or_default(c.rope_low_freq_factor, sc.low_freq_factor);
+    sc.high_freq_factor = or_default(c.rope_high_freq_factor, sc.high_freq_factor);
+    sc.beta_fast = or_default(c.rope_beta_fast, sc.beta_fast);
+    sc.beta_slow = or_default(c.rope_beta_slow, sc.beta_slow);
+    sc.attention_factor = c.rope_attention_factor;
+    m.rope = r;
+  }
+  m.qk_norm = static_cast<cpuattn::QkNorm>(c.qk_norm);
+  m.qk_norm_eps = or_default(c.qk_norm_eps, m.qk_norm_eps);
+  return m;
+}
+
+}  // namespace
+
 void cpuattn_mha_config_init(cpuattn_mha_config* config) {
   if (config == nullptr) return;
   std::memset(config, 0, sizeof *config);
@@ -824,6 +859,7 @@ void cpuattn_mha_weights_init(cpuattn_mha_weights* weights) {
   weights->struct_size = sizeof *weights;
   weights->wq = weights->wk = weights->wv = weights->wo = nullptr;
   weights->bq = weights->bk = weights->bv = weights->bo = nullptr;
+  weights->q_norm = weights->k_norm = nullptr;
 }
 
 cpuattn_status cpuattn_mha_create(const cpuattn_mha_config* config,
@@ -839,6 +875,19 @@ cpuattn_status cpuattn_mha_create(const cpuattn_mha_config* config,
     rc.field(&cpuattn_mha_config::kv_heads);
     rc.field(&cpuattn_mha_config::head_dim);
     rc.field(&cpuattn_mha_config::value_dim);
+    rc.field(&cpuattn_mha_config::rope_base);
+    rc.field(&cpuattn_mha_config::rope_rotary_dim);
+    rc.field(&cpuattn_mha_config::rope_style);
+    rc.field(&cpuattn_mha_config::rope_scaling);
+    rc.field(&cpuattn_mha_config::rope_factor);
+    rc.field(&cpuattn_mha_config::rope_original_max_position);
+    rc.field(&cpuattn_mha_config::rope_low_freq_factor);
+    rc.field(&cpuattn_mha_config::rope_high_freq_factor);
+    rc.field(&cpuattn_mha_config::rope_beta_fast);
+    rc.field(&cpuattn_mha_config::rope_beta_slow);
+    rc.field(&cpuattn_mha_config::rope_attention_factor);
+    rc.field(&cpuattn_mha_config::qk_norm);
+    rc.field(&cpuattn_mha_config::qk_norm_eps);
     StructReader<cpuattn_mha_weights> rw(weights, CPUATTN_MHA_WEIGHTS_MIN_SIZE, "weights",
                                          "cpuattn_mha_weights");
     rw.field(&cpuattn_mha_weights::wq);
@@ -849,14 +898,11 @@ cpuattn_status cpuattn_mha_create(const cpuattn_mha_config* config,
     rw.field(&cpuattn_mha_weights::bk);
     rw.field(&cpuattn_mha_weights::bv);
     rw.field(&cpuattn_mha_weights::bo);
+    rw.field(&cpuattn_mha_weights::q_norm);
+    rw.field(&cpuattn_mha_weights::k_norm);
     const cpuattn_mha_config& c = rc.get();
     const cpuattn_mha_weights& w = rw.get();
-    cpuattn::MhaConfig config_cpp;
-    config_cpp.d_model = c.d_model;
-    config_cpp.heads = c.heads;
-    config_cpp.kv_heads = c.kv_heads;
-    config_cpp.head_dim = c.head_dim;
-    config_cpp.value_dim = c.value_dim;
+    const cpuattn::MhaConfig config_cpp = mha_config_from_c(c);
     cpuattn::MhaWeights weights_cpp;
     weights_cpp.wq = in(w.wq, "weights->wq");
     weights_cpp.wk = in(w.wk, "weights->wk");
@@ -866,6 +912,8 @@ cpuattn_status cpuattn_mha_create(const cpuattn_mha_config* config,
     weights_cpp.bk = optional_in(w.bk, "weights->bk");
     weights_cpp.bv = optional_in(w.bv, "weights->bv");
     weights_cpp.bo = optional_in(w.bo, "weights->bo");
+    weights_cpp.q_norm = optional_in(w.q_norm, "weights->q_norm");
+    weights_cpp.k_norm = optional_in(w.k_norm, "weights->k_norm");
     auto m = std::unique_ptr<cpuattn_mha>(
         new cpuattn_mha{cpuattn::MultiHeadAttention(config_cpp, weights_cpp)});
     *out = m.release();
@@ -882,7 +930,8 @@ cpuattn_status cpuattn_mha_get_config(const cpuattn_mha* mha, cpuattn_mha_config
         checked_size(out, CPUATTN_MHA_CONFIG_MIN_SIZE, "out", "cpuattn_mha_config");
     const cpuattn::MhaConfig& c = mha->mha.config();
     auto* bytes = reinterpret_cast<unsigned char*>(out);
-    auto put = [&](std::size_t offset, std::int64_t value) {
+    // Each field within struct_size (an older caller's struct is shorter).
+    auto put = [&](std::size_t offset, auto value) {
       if (offset + sizeof value <= size) std::memcpy(bytes + offset, &value, sizeof value);
     };
     put(offsetof(cpuattn_mha_config, d_model), c.d_model);
@@ -890,6 +939,21 @@ cpuattn_status cpuattn_mha_get_config(const cpuattn_mha* mha, cpuattn_mha_config
     put(offsetof(cpuattn_mha_config, kv_heads), c.kv_heads);
     put(offsetof(cpuattn_mha_config, head_dim), c.head_dim);
     put(offsetof(cpuattn_mha_config, value_dim), c.value_dim);
+    // The rotary and QK-norm fields with the defaults filled in (rope_base 0: no rotation).
+    const cpuattn::RopeOptions r = c.rope.value_or(cpuattn::RopeOptions{.base = 0});
+    put(offsetof(cpuattn_mha_config, rope_base), r.base);
+    put(offsetof(cpuattn_mha_config, rope_rotary_dim), r.rotary_dim);
+    put(offsetof(cpuattn_mha_config, rope_style), static_cast<std::int32_t>(r.style));
+    put(offsetof(cpuattn_mha_config, rope_scaling), static_cast<std::int32_t>(r.scaling.type));
+    put(offsetof(cpuattn_mha_config, rope_factor), r.scaling.factor);
+    put(offsetof(cpuattn_mha_config, rope_original_max_position), r.scaling.original_max_position);
+    put(offsetof(cpuattn_mha_config, rope_low_freq_factor), r.scaling.low_freq_factor);
+    put(offsetof(cpuattn_mha_config, rope_high_freq_factor), r.scaling.high_freq_factor);
+    put(offsetof(cpuattn_mha_config, rope_beta_fast), r.scaling.beta_fast);
+    put(offsetof(cpuattn_mha_config, rope_beta_slow), r.scaling.beta_slow);
+    put(offsetof(cpuattn_mha_config, rope_attention_factor), r.scaling.attention_factor);
+    put(offsetof(cpuattn_mha_config, qk_norm), static_cast<std::int32_t>(c.qk_norm));
+    put(offsetof(cpuattn_mha_config, qk_norm_eps), c.qk_norm_eps);
   });
 }
 

@@ -555,8 +555,8 @@ static void test_scaled_caches(void) {
     cpuattn_tensor keys, values, kscales, vscales;
     cpuattn_attention_options opts;
     char what[64];
-    const cpuattn_status st = cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0,
-                                                             (cpuattn_dtype)d, ks, vs, HKV, &cache);
+    const cpuattn_status st =
+        cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, (cpuattn_dtype)d, ks, vs, HKV, &cache);
     if (st != CPUATTN_OK) {
       EXPECT_MESSAGE("dtype"); /* not a cache dtype, or one that takes no scales */
       continue;
@@ -583,8 +583,8 @@ static void test_scaled_caches(void) {
       cpuattn_paged_kv kv;
       int64_t seq[B];
       int b;
-      EXPECT_OK(cpuattn_paged_kv_cache_create_scaled(32, 4, HKV, D, DV, (cpuattn_dtype)d, ks, vs,
-                                                     1, &pc));
+      EXPECT_OK(cpuattn_paged_kv_cache_create_scaled(32, 4, HKV, D, DV, (cpuattn_dtype)d, ks, vs, 1,
+                                                     &pc));
       for (b = 0; b < B; ++b) {
         cpuattn_tensor kb = f32_3d(k + (size_t)b * HKV * LK * D, HKV, LK, D);
         cpuattn_tensor vb = f32_3d(v + (size_t)b * HKV * LK * DV, HKV, LK, DV);
@@ -607,9 +607,9 @@ static void test_scaled_caches(void) {
   {
     cpuattn_kv_cache* cache = NULL;
     const float zero[2] = {0.0f, 1.0f};
-    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
-                  cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, ks, vs,
-                                                 3, &cache));
+    EXPECT_STATUS(
+        CPUATTN_ERROR_INVALID_ARGUMENT,
+        cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, ks, vs, 3, &cache));
     EXPECT_MESSAGE("kv_heads");
     EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
                   cpuattn_kv_cache_create_scaled(B, HKV, D, DV, LK, 0, CPUATTN_DTYPE_I8, zero, vs,
@@ -672,6 +672,100 @@ static void mha_fixture_free(mha_fixture* f) {
   free(f->wo);
   free(f->bq);
   free(f->bo);
+}
+
+/* A decoder layer from C (since C API version 5): Llama 3 rotary embedding and per-head QK-norm.
+ * Decoding token by token gives the rows of the causal forward pass (keys cached rotated), the
+ * rotation changes the output, and get_config reports the rotary fields with defaults filled in. */
+static void test_mha_rope_and_qk_norm(void) {
+  mha_fixture f;
+  cpuattn_mha *mha = NULL, *plain = NULL;
+  cpuattn_mha_config got;
+  cpuattn_kv_cache* cache = NULL;
+  float* qn = random_floats(HD, 0.5f);
+  float* kn = random_floats(HD, 0.5f);
+  float* x = random_floats((size_t)MB * T * DM, 1.0f);
+  float* want = filled((size_t)MB * T * DM, kSentinel);
+  float* out = filled((size_t)MB * T * DM, kSentinel);
+  float* unrotated = filled((size_t)MB * T * DM, kSentinel);
+  cpuattn_tensor tx = f32_3d(x, MB, T, DM), twant = f32_3d(want, MB, T, DM);
+  cpuattn_tensor tun = f32_3d(unrotated, MB, T, DM);
+  cpuattn_tensor tqn = tensor(qn, CPUATTN_DTYPE_F32, 1, HD, 0, 0, 0);
+  cpuattn_tensor tkn = tensor(kn, CPUATTN_DTYPE_F32, 1, HD, 0, 0, 0);
+  cpuattn_attention_options causal;
+  int64_t pos, i;
+  for (i = 0; i < HD; ++i) {
+    qn[i] += 1.0f;
+    kn[i] += 1.0f;
+  }
+  mha_fixture_init(&f);
+  EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &plain));
+  f.config.rope_base = 500000.0;
+  f.config.rope_scaling = CPUATTN_ROPE_SCALING_LLAMA3;
+  f.config.rope_factor = 8;
+  f.config.rope_original_max_position = 4;
+  f.config.qk_norm = CPUATTN_QK_NORM_HEAD;
+  f.weights.q_norm = &tqn;
+  f.weights.k_norm = &tkn;
+  EXPECT_OK(cpuattn_mha_create(&f.config, &f.weights, &mha));
+  cpuattn_mha_config_init(&got);
+  EXPECT_OK(cpuattn_mha_get_config(mha, &got));
+  CHECK(got.rope_base == 500000.0 && got.rope_scaling == CPUATTN_ROPE_SCALING_LLAMA3 &&
+        got.rope_factor == 8 && got.rope_original_max_position == 4 &&
+        got.rope_high_freq_factor == 4 && got.rope_beta_fast == 32 &&
+        got.qk_norm == CPUATTN_QK_NORM_HEAD && got.qk_norm_eps == 1e-6);
+
+  cpuattn_attention_options_init(&causal);
+  causal.causal = CPUATTN_CAUSAL_TOP_LEFT;
+  EXPECT_OK(cpuattn_mha_forward(mha, &tx, &twant, &causal, NULL));
+  f.weights.q_norm = f.weights.k_norm = NULL;
+  EXPECT_OK(cpuattn_mha_forward(plain, &tx, &tun, &causal, NULL));
+  ++g_checks;
+  if (close_to(unrotated, want, (size_t)MB * T * DM, kRtol, kAtol,
+               "rope vs the plain layer (expected to differ)")) {
+    ++g_failures;
+    fprintf(stderr, "FAILED: the rotary layer gives the plain layer's output\n");
+  }
+  EXPECT_OK(cpuattn_mha_make_cache(mha, MB, T, 0, CPUATTN_DTYPE_F32, &cache));
+  for (pos = 0; pos < T; ++pos) {
+    cpuattn_tensor xs = tx, os = f32_3d(out, MB, T, DM);
+    xs.data = x + pos * DM;
+    xs.shape[1] = 1;
+    os.data = out + pos * DM;
+    os.shape[1] = 1;
+    EXPECT_OK(cpuattn_mha_decode(mha, &xs, cache, &os, NULL, NULL));
+  }
+  ++g_checks;
+  if (!close_to(out, want, (size_t)MB * T * DM, kRtol, kAtol, "rope decode")) {
+    ++g_failures;
+    fprintf(stderr, "FAILED: rotary decode differs from the causal forward pass\n");
+  }
+  cpuattn_kv_cache_destroy(cache);
+
+  /* Bad values are the C++ constructor's errors, naming the field; nothing is created. */
+  {
+    cpuattn_mha* none = (cpuattn_mha*)&tx;
+    f.config.qk_norm = 7;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &none));
+    EXPECT_MESSAGE("qk_norm");
+    f.config.qk_norm = CPUATTN_QK_NORM_HEAD;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &none));
+    EXPECT_MESSAGE("q_norm is required");
+    f.config.qk_norm = CPUATTN_QK_NORM_NONE;
+    f.config.rope_rotary_dim = 3;
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT, cpuattn_mha_create(&f.config, &f.weights, &none));
+    EXPECT_MESSAGE("rope.rotary_dim");
+    CHECK(none == (cpuattn_mha*)&tx);
+  }
+  cpuattn_mha_destroy(mha);
+  cpuattn_mha_destroy(plain);
+  mha_fixture_free(&f);
+  free(qn);
+  free(kn);
+  free(x);
+  free(want);
+  free(out);
+  free(unrotated);
 }
 
 /* Decoding 3 + 1 + 2 tokens through a KV cache gives the rows of one causal forward pass. */
@@ -1520,6 +1614,7 @@ int main(void) {
   test_kv_cache_and_attention();
   test_scaled_caches();
   test_mha_decode_matches_forward();
+  test_mha_rope_and_qk_norm();
   test_invalid_argument();
   test_null_pointers();
   test_struct_size();
