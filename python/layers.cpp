@@ -40,18 +40,114 @@ std::vector<py::ssize_t> leading_shape(const py::array& x, py::ssize_t last) {
   return shape;
 }
 
+// A number of a `rope` dict: `key`'s value as a double (or int64 for positions).
+template <class T>
+T rope_number(const py::dict& d, const char* key, const char* where, T def) {
+  if (!d.contains(key) || d[key].is_none()) return def;
+  try {
+    return d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    fail(std::string(where) + "['" + key + "'] must be a number, got " +
+         std::string(py::str(d[key].get_type())));
+  }
+}
+
+void reject_unknown(const py::dict& d, const char* where, std::initializer_list<const char*> keys) {
+  for (const auto& item : d) {
+    const std::string k = py::str(item.first);
+    bool known = false;
+    for (const char* name : keys) known = known || k == name;
+    if (!known) {
+      std::string list;
+      for (const char* name : keys) list += std::string(list.empty() ? "" : ", ") + name;
+      fail(std::string(where) + " has an unknown key '" + k + "'; expected " + list);
+    }
+  }
+}
+
+// rope = {"theta": 10000, "style": "half" | "interleaved", "rotary_dim": 0, "scaling": a Hugging
+// Face rope_scaling dict ({"rope_type": "linear" | "dynamic"... })}.
+cpuattn::RopeOptions parse_rope(const py::object& obj) {
+  if (!py::isinstance<py::dict>(obj))
+    fail("rope must be a dict (theta, style, rotary_dim, scaling), got " +
+         std::string(py::str(obj.get_type())));
+  const auto d = obj.cast<py::dict>();
+  reject_unknown(d, "rope", {"theta", "style", "rotary_dim", "scaling"});
+  cpuattn::RopeOptions r;
+  r.base = rope_number(d, "theta", "rope", r.base);
+  r.rotary_dim = rope_number<std::int64_t>(d, "rotary_dim", "rope", 0);
+  if (d.contains("style") && !d["style"].is_none()) {
+    const std::string st = py::str(d["style"]);
+    if (st != "half" && st != "interleaved")
+      fail("rope['style'] must be 'half' or 'interleaved', got '" + st + "'");
+    r.style = st == "half" ? cpuattn::RopeStyle::half : cpuattn::RopeStyle::interleaved;
+  }
+  if (!d.contains("scaling") || d["scaling"].is_none()) return r;
+  if (!py::isinstance<py::dict>(d["scaling"]))
+    fail("rope['scaling'] must be a dict (a Hugging Face rope_scaling), got " +
+         std::string(py::str(d["scaling"].get_type())));
+  const auto sd = d["scaling"].cast<py::dict>();
+  const char* where = "rope['scaling']";
+  reject_unknown(
+      sd, where,
+      {"rope_type", "type", "factor", "original_max_position_embeddings", "low_freq_factor",
+       "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"});
+  const char* type_key = sd.contains("rope_type") ? "rope_type" : "type";
+  const std::string type = sd.contains(type_key) ? std::string(py::str(sd[type_key])) : "default";
+  cpuattn::RopeScaling& sc = r.scaling;
+  using T = cpuattn::RopeScalingType;
+  if (type == "default")
+    sc.type = T::none;
+  else if (type == "linear")
+    sc.type = T::linear;
+  else if (type == "ntk")
+    sc.type = T::ntk;
+  else if (type == "llama3")
+    sc.type = T::llama3;
+  else if (type == "yarn")
+    sc.type = T::yarn;
+  else
+    fail(std::string(where) + "['" + type_key + "'] is '" + type +
+         "'; expected 'default', 'linear', 'ntk', 'llama3' or 'yarn'");
+  sc.factor = rope_number(sd, "factor", where, sc.factor);
+  sc.original_max_position = rope_number<std::int64_t>(sd, "original_max_position_embeddings",
+                                                       where, sc.original_max_position);
+  sc.low_freq_factor = rope_number(sd, "low_freq_factor", where, sc.low_freq_factor);
+  sc.high_freq_factor = rope_number(sd, "high_freq_factor", where, sc.high_freq_factor);
+  sc.beta_fast = rope_number(sd, "beta_fast", where, sc.beta_fast);
+  sc.beta_slow = rope_number(sd, "beta_slow", where, sc.beta_slow);
+  sc.attention_factor = rope_number(sd, "attention_factor", where, sc.attention_factor);
+  return r;
+}
+
+cpuattn::QkNorm parse_qk_norm(const py::object& obj) {
+  if (obj.is_none()) return cpuattn::QkNorm::none;
+  const std::string v = py::str(obj);
+  if (v == "head") return cpuattn::QkNorm::head;
+  if (v == "projection") return cpuattn::QkNorm::projection;
+  fail("qk_norm must be None, 'head' or 'projection', got '" + v + "'");
+}
+
 }  // namespace
 
 void bind_layers(py::module_& m) {
   using Mha = cpuattn::MultiHeadAttention;
   py::class_<Mha>(m, "MultiHeadAttention",
                   "Multi-head attention, weights in the x W convention (W [in, out]); the "
-                  "weights are copied (packed) at construction.")
+                  "weights are copied (packed) at construction. Decoder layers: rope=dict(theta=, "
+                  "style='half'|'interleaved', rotary_dim=, scaling=a Hugging Face rope_scaling "
+                  "dict with rope_type 'linear', 'ntk' (static), 'llama3' or 'yarn') rotates Q "
+                  "and K inside the layer (positions 0..L-1 in forward, the cache length in "
+                  "decode; keys are cached rotated); qk_norm='head' (q_norm, k_norm [head_dim]) "
+                  "or 'projection' ([heads*head_dim], [kv_heads*head_dim]) applies RMSNorm with "
+                  "qk_norm_eps before the rotation.")
       .def(py::init([](std::int64_t d_model, std::int64_t heads, const py::handle& wq,
                        const py::handle& wk, const py::handle& wv, const py::handle& wo,
                        std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
                        const py::object& bq, const py::object& bk, const py::object& bv,
-                       const py::object& bo, bool bf16) {
+                       const py::object& bo, bool bf16, const py::object& rope,
+                       const py::object& qk_norm, const py::object& q_norm,
+                       const py::object& k_norm, double qk_norm_eps) {
              Call call;
              cpuattn::MhaWeights w;
              w.wq = input_view(call, wq, "wq", bf16);
@@ -62,12 +158,23 @@ void bind_layers(py::module_& m) {
              w.bk = optional_input(call, bk, "bk");
              w.bv = optional_input(call, bv, "bv");
              w.bo = optional_input(call, bo, "bo");
-             return std::make_unique<Mha>(
-                 cpuattn::MhaConfig{d_model, heads, kv_heads, head_dim, value_dim}, w);
+             w.q_norm = optional_input(call, q_norm, "q_norm");
+             w.k_norm = optional_input(call, k_norm, "k_norm");
+             cpuattn::MhaConfig c{.d_model = d_model,
+                                  .heads = heads,
+                                  .kv_heads = kv_heads,
+                                  .head_dim = head_dim,
+                                  .value_dim = value_dim};
+             if (!rope.is_none()) c.rope = parse_rope(rope);
+             c.qk_norm = parse_qk_norm(qk_norm);
+             c.qk_norm_eps = qk_norm_eps;
+             return std::make_unique<Mha>(c, w);
            }),
            "d_model"_a, "heads"_a, "wq"_a, "wk"_a, "wv"_a, "wo"_a, py::kw_only(), "kv_heads"_a = 0,
            "head_dim"_a = 0, "value_dim"_a = 0, "bq"_a = py::none(), "bk"_a = py::none(),
-           "bv"_a = py::none(), "bo"_a = py::none(), "bf16"_a = false)
+           "bv"_a = py::none(), "bo"_a = py::none(), "bf16"_a = false, "rope"_a = py::none(),
+           "qk_norm"_a = py::none(), "q_norm"_a = py::none(), "k_norm"_a = py::none(),
+           "qk_norm_eps"_a = 1e-6)
       .def_property_readonly("d_model", [](const Mha& l) { return l.config().d_model; })
       .def_property_readonly("heads", [](const Mha& l) { return l.config().heads; })
       .def_property_readonly("kv_heads", [](const Mha& l) { return l.config().kv_heads; })
