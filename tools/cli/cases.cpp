@@ -220,8 +220,9 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
 // 4096-token KV cache.
 namespace {
 
-// The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16.
-std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32) {
+// The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16. A
+// decoder layer adds Llama 3.1's rotary embedding and per-head QK-norm (the M1rope, M2rope shapes).
+std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32, bool decoder = false) {
   std::vector<float> wq(kDm * kDm), wk(kDm * kDm), wv(kDm * kDm), wo(kDm * kDm), b(kDm);
   fill(wq, 4);
   fill(wk, 5);
@@ -242,15 +243,23 @@ std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32) {
     return f32_view(w.data(), {kDm, kDm});
   };
   const auto bv = f32_view(b.data(), {kDm});
-  return std::make_shared<MultiHeadAttention>(MhaConfig{.d_model = kDm, .heads = kHeads},
-                                              MhaWeights{.wq = m(wq),
-                                                         .wk = m(wk),
-                                                         .wv = m(wv),
-                                                         .wo = m(wo),
-                                                         .bq = bv,
-                                                         .bk = bv,
-                                                         .bv = bv,
-                                                         .bo = bv});
+  MhaConfig config{.d_model = kDm, .heads = kHeads};
+  MhaWeights w{
+      .wq = m(wq), .wk = m(wk), .wv = m(wv), .wo = m(wo), .bq = bv, .bk = bv, .bv = bv, .bo = bv};
+  std::vector<float> norm(kDm / kHeads);
+  if (decoder) {
+    config.rope = RopeOptions{.base = 500000.0,
+                              .scaling = {.type = RopeScalingType::llama3,
+                                          .factor = 8,
+                                          .original_max_position = 8192,
+                                          .low_freq_factor = 1,
+                                          .high_freq_factor = 4}};
+    config.qk_norm = QkNorm::head;
+    fill(norm, 14);
+    for (float& x : norm) x = 1 + 0.5f * x;
+    w.q_norm = w.k_norm = f32_view(norm.data(), {kDm / kHeads});
+  }
+  return std::make_shared<MultiHeadAttention>(config, w);
 }
 
 }  // namespace
@@ -398,22 +407,24 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
                   lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
                 }};
   }
-  if (name == "M1") {  // self-attention layer, B 8, L 512
+  const bool decoder = name == "M1rope" || name == "M2rope";
+  const std::string plus = decoder ? " +rope+qknorm" : "";
+  if (name == "M1" || name == "M1rope") {  // self-attention layer, B 8, L 512
     const std::int64_t B = 8, L = 512;
-    auto layer = bench_layer();
+    auto layer = bench_layer(DType::f32, decoder);
     auto x = std::make_shared<std::vector<float>>(B * L * kDm);
     auto out = std::make_shared<std::vector<float>>(B * L * kDm);
     fill(*x, 11);
     const double proj = 2.0 * B * L * kDm * kDm * 4;  // Q, K, V and output projections
     const double attn = 4.0 * B * kHeads * L * L * (kDm / kHeads);
-    return Case{"M1", "MHA B8 L512 d768 H12", proj + attn, 0, false, [=](Context& ctx) {
+    return Case{name, "MHA B8 L512 d768 H12" + plus, proj + attn, 0, false, [=](Context& ctx) {
                   layer->forward(f32_view(x->data(), {B, L, kDm}),
                                  f32_view(out->data(), {B, L, kDm}), {}, &ctx);
                 }};
   }
-  if (name == "M2") {  // one new token per sequence, 8 sequences, 4096 cached tokens each
+  if (name == "M2" || name == "M2rope") {  // one new token per sequence, 8 sequences, 4096 cached
     const std::int64_t B = 8;
-    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32);
+    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32, decoder);
     auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1, false, kv_dtype));
     // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
     // back, so every run attends to 4097 tokens.
@@ -430,12 +441,16 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
         (weights == DType::bf16 ? 2.0 : 4.0) * 4 * kDm * kDm +
         (double(dtype_size(kv_dtype)) * kDm + (needs_scales(kv_dtype) ? 4.0 * kHeads : 0.0)) * 2.0 *
             B * (kTokens + 1);
-    return Case{
-        "M2", "MHA decode B8 cache4096 d768 H12", proj + attn, bytes, true, [=](Context& ctx) {
-          layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
-                        f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
-          cache->truncate(kTokens);  // drop the new token: every run sees 4097
-        }};
+    return Case{name,
+                "MHA decode B8 cache4096 d768 H12" + plus,
+                proj + attn,
+                bytes,
+                true,
+                [=](Context& ctx) {
+                  layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
+                                f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
+                  cache->truncate(kTokens);  // drop the new token: every run sees 4097
+                }};
   }
   return std::nullopt;
 }
