@@ -354,6 +354,37 @@ cpuattn::KvScales to_scales(const float* k, const float* v, std::int64_t n) {
   return {std::vector<float>(k, k + n), std::vector<float>(v, v + n)};
 }
 
+// The C config with its zeros read as the C++ defaults (cpuattn_c.h); the C++ constructor checks
+// the values. Enum fields are passed on as they are, so an out-of-range one is its Error.
+cpuattn::MhaConfig mha_config_from_c(const cpuattn_mha_config& c) {
+  cpuattn::MhaConfig m;
+  m.d_model = c.d_model;
+  m.heads = c.heads;
+  m.kv_heads = c.kv_heads;
+  m.head_dim = c.head_dim;
+  m.value_dim = c.value_dim;
+  const auto or_default = [](auto v, auto def) { return v == 0 ? def : v; };
+  if (c.rope_base != 0) {
+    cpuattn::RopeOptions r;
+    r.base = c.rope_base;
+    r.rotary_dim = c.rope_rotary_dim;
+    r.style = static_cast<cpuattn::RopeStyle>(c.rope_style);
+    cpuattn::RopeScaling& sc = r.scaling;
+    sc.type = static_cast<cpuattn::RopeScalingType>(c.rope_scaling);
+    sc.factor = or_default(c.rope_factor, sc.factor);
+    sc.original_max_position = or_default(c.rope_original_max_position, sc.original_max_position);
+    sc.low_freq_factor = or_default(c.rope_low_freq_factor, sc.low_freq_factor);
+    sc.high_freq_factor = or_default(c.rope_high_freq_factor, sc.high_freq_factor);
+    sc.beta_fast = or_default(c.rope_beta_fast, sc.beta_fast);
+    sc.beta_slow = or_default(c.rope_beta_slow, sc.beta_slow);
+    sc.attention_factor = c.rope_attention_factor;
+    m.rope = r;
+  }
+  m.qk_norm = static_cast<cpuattn::QkNorm>(c.qk_norm);
+  m.qk_norm_eps = or_default(c.qk_norm_eps, m.qk_norm_eps);
+  return m;
+}
+
 }  // namespace
 
 // ===================================================================================== C API
@@ -811,41 +842,6 @@ cpuattn_status cpuattn_kv_cache_value_scales(const cpuattn_kv_cache* cache, cpua
 }
 
 // ------------------------------------------------------------------------- multi-head attention
-
-namespace {
-
-// The C config with its zeros read as the C++ defaults (cpuattn_c.h); the C++ constructor checks
-// the values. Enum fields are passed on as they are, so an out-of-range one is its Error.
-cpuattn::MhaConfig mha_config_from_c(const cpuattn_mha_config& c) {
-  cpuattn::MhaConfig m;
-  m.d_model = c.d_model;
-  m.heads = c.heads;
-  m.kv_heads = c.kv_heads;
-  m.head_dim = c.head_dim;
-  m.value_dim = c.value_dim;
-  const auto or_default = [](auto v, auto def) { return v == 0 ? def : v; };
-  if (c.rope_base != 0) {
-    cpuattn::RopeOptions r;
-    r.base = c.rope_base;
-    r.rotary_dim = c.rope_rotary_dim;
-    r.style = static_cast<cpuattn::RopeStyle>(c.rope_style);
-    cpuattn::RopeScaling& sc = r.scaling;
-    sc.type = static_cast<cpuattn::RopeScalingType>(c.rope_scaling);
-    sc.factor = or_default(c.rope_factor, sc.factor);
-    sc.original_max_position = or_default(c.rope_original_max_position, sc.original_max_position);
-    sc.low_freq_factor = or_default(c.rope_low_freq_factor, sc.low_freq_factor);
-    sc.high_freq_factor = or_default(c.rope_high_freq_factor, sc.high_freq_factor);
-    sc.beta_fast = or_default(c.rope_beta_fast, sc.beta_fast);
-    sc.beta_slow = or_default(c.rope_beta_slow, sc.beta_slow);
-    sc.attention_factor = c.rope_attention_factor;
-    m.rope = r;
-  }
-  m.qk_norm = static_cast<cpuattn::QkNorm>(c.qk_norm);
-  m.qk_norm_eps = or_default(c.qk_norm_eps, m.qk_norm_eps);
-  return m;
-}
-
-}  // namespace
 
 void cpuattn_mha_config_init(cpuattn_mha_config* config) {
   if (config == nullptr) return;
