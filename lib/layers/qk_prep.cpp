@@ -1,8 +1,9 @@
 // QK-norm and RoPE of a layer's projected queries and keys.
 //
-// Precision: the RMS is summed in double; angles and their sines in double, rounded to float
-// once (as apply_rope: positions up to 2^53 stay exact). Each token's rows are normalized, then
-// rotated, in one pass while the projection has just written them.
+// Precision: the squares are summed in sixteen float partial sums added in double (normalize);
+// angles and their sines in double, rounded to float once (as apply_rope: positions up to 2^53 stay
+// exact). Each token's rows are normalized, then rotated, in one pass while the projection has just
+// written them.
 //
 // Threads: items are tokens; a chunk computes each token's sines and cosines (once for Q and K).
 // Every element is computed by the same code from the same inputs whichever chunk holds it.
@@ -85,8 +86,18 @@ QkPrep::QkPrep(const MhaConfig& c, const MhaWeights& w) : D_(c.head_dim), norm_(
 }
 
 void QkPrep::normalize(float* x, std::int64_t width, const float* w) const {
+  // Sixteen float partial sums, a fixed order the compiler keeps in vector registers (a double
+  // running sum would stay scalar); each holds width / 16 squares, so its rounding error stays
+  // ~(width / 16) * 2^-24 relative, and the partial sums are added in double.
+  constexpr int kParts = 16;
+  float part[kParts] = {};
+  std::int64_t i = 0;
+  for (; i + kParts <= width; i += kParts) {
+    for (int k = 0; k < kParts; ++k) part[k] += x[i + k] * x[i + k];
+  }
   double ss = 0;
-  for (std::int64_t i = 0; i < width; ++i) ss += static_cast<double>(x[i]) * x[i];
+  for (; i < width; ++i) ss += static_cast<double>(x[i]) * x[i];
+  for (float p : part) ss += p;
   const auto inv = static_cast<float>(1 / std::sqrt(ss / static_cast<double>(width) + eps_));
   for (std::int64_t i = 0; i < width; ++i) x[i] = x[i] * inv * w[i];
 }
