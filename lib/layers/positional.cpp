@@ -166,44 +166,24 @@ void apply_rope(const OutputView& x, std::int64_t position_offset, const RopeOpt
   const std::int64_t half = R / 2;
   const bool interleaved = opts.style == RopeStyle::interleaved;
   const detail::RopeFrequencies freq = detail::rope_frequencies(opts, R);
-  const std::vector<double>& inv_freq = freq.inv_freq;
-  const double m = freq.attention_factor;
 
   const double work = static_cast<double>(H * R) + static_cast<double>(half) * kSinCosWork / B;
-  detail::for_items(context, L * B, work,
-                    [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
-                      float* const cosv = s.get(static_cast<std::size_t>(2 * half));
-                      float* const sinv = cosv + half;
-                      std::int64_t row_l = -1;  // the position whose angles cosv/sinv hold
-                      for (std::int64_t t = begin; t < end; ++t) {
-                        const std::int64_t l = t / B, b = t % B;
-                        if (l != row_l) {
-                          const auto pos = static_cast<double>(position_offset + l);
-                          for (std::int64_t j = 0; j < half; ++j) {
-                            const double angle = pos * inv_freq[static_cast<std::size_t>(j)];
-                            cosv[j] = static_cast<float>(m * std::cos(angle));
-                            sinv[j] = static_cast<float>(m * std::sin(angle));
-                          }
-                          row_l = l;
-                        }
-                        for (std::int64_t h = 0; h < H; ++h) {
-                          float* const row = data + b * sb + h * sh + l * sl;
-                          if (interleaved) {
-                            for (std::int64_t j = 0; j < half; ++j) {
-                              const float x1 = row[2 * j], x2 = row[2 * j + 1];
-                              row[2 * j] = x1 * cosv[j] - x2 * sinv[j];
-                              row[2 * j + 1] = x1 * sinv[j] + x2 * cosv[j];
-                            }
-                          } else {
-                            for (std::int64_t j = 0; j < half; ++j) {
-                              const float x1 = row[j], x2 = row[j + half];
-                              row[j] = x1 * cosv[j] - x2 * sinv[j];
-                              row[j + half] = x1 * sinv[j] + x2 * cosv[j];
-                            }
-                          }
-                        }
-                      }
-                    });
+  detail::for_items(
+      context, L * B, work, [&](std::int64_t begin, std::int64_t end, detail::Scratch& s) {
+        float* const cosv = s.get(static_cast<std::size_t>(2 * half));
+        float* const sinv = cosv + half;
+        std::int64_t row_l = -1;  // the position whose angles cosv/sinv hold
+        for (std::int64_t t = begin; t < end; ++t) {
+          const std::int64_t l = t / B, b = t % B;
+          if (l != row_l) {
+            detail::rope_turns(freq, static_cast<double>(position_offset + l), cosv, sinv);
+            row_l = l;
+          }
+          for (std::int64_t h = 0; h < H; ++h) {
+            detail::rope_rotate(data + b * sb + h * sh + l * sl, half, interleaved, cosv, sinv);
+          }
+        }
+      });
 }
 
 }  // namespace cpuattn

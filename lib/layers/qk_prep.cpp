@@ -102,24 +102,6 @@ void QkPrep::normalize(float* x, std::int64_t width, const float* w) const {
   for (std::int64_t i = 0; i < width; ++i) x[i] = x[i] * inv * w[i];
 }
 
-void QkPrep::rotate(float* head, const float* cosv, const float* sinv) const {
-  const std::int64_t half = R_ / 2;
-  if (interleaved_) {
-    for (std::int64_t j = 0; j < half; ++j) {
-      const float x1 = head[2 * j], x2 = head[2 * j + 1];
-      head[2 * j] = x1 * cosv[j] - x2 * sinv[j];
-      head[2 * j + 1] = x1 * sinv[j] + x2 * cosv[j];
-    }
-  } else {
-    float* const h2 = head + half;
-    for (std::int64_t j = 0; j < half; ++j) {
-      const float x1 = head[j], x2 = h2[j];
-      head[j] = x1 * cosv[j] - x2 * sinv[j];
-      h2[j] = x1 * sinv[j] + x2 * cosv[j];
-    }
-  }
-}
-
 // One token's row of `heads` heads: norm (per head, or over the row), then rotation.
 void QkPrep::token(float* row, std::int64_t heads, const std::vector<float>& w, const float* cosv,
                    const float* sinv) const {
@@ -127,7 +109,7 @@ void QkPrep::token(float* row, std::int64_t heads, const std::vector<float>& w, 
   for (std::int64_t h = 0; h < heads; ++h) {
     float* const head = row + h * D_;
     if (norm_ == QkNorm::head) normalize(head, D_, w.data());
-    if (rope_) rotate(head, cosv, sinv);
+    if (rope_) rope_rotate(head, R_ / 2, interleaved_, cosv, sinv);
   }
 }
 
@@ -144,14 +126,8 @@ void QkPrep::apply(const std::optional<HeadRows>& q, const std::optional<HeadRow
     for (std::int64_t t = begin; t < end; ++t) {
       if (rope_) {
         const std::int64_t b = t / n, i = t % n;
-        const auto pos =
-            static_cast<double>((at.per_seq != nullptr ? at.per_seq[b] : at.first) + i);
-        const double m = freq_.attention_factor;
-        for (std::int64_t j = 0; j < half; ++j) {
-          const double angle = pos * freq_.inv_freq[static_cast<std::size_t>(j)];
-          cosv[j] = static_cast<float>(m * std::cos(angle));
-          sinv[j] = static_cast<float>(m * std::sin(angle));
-        }
+        const std::int64_t first = at.per_seq != nullptr ? at.per_seq[b] : at.first;
+        rope_turns(freq_, static_cast<double>(first + i), cosv, sinv);
       }
       if (q) token(q->data + t * q->stride, q->heads, q_w_, cosv, sinv);
       if (k) token(k->data + t * k->stride, k->heads, k_w_, cosv, sinv);

@@ -43,7 +43,6 @@ class QkPrep {
   void token(float* row, std::int64_t heads, const std::vector<float>& w, const float* cosv,
              const float* sinv) const;
   void normalize(float* x, std::int64_t width, const float* w) const;
-  void rotate(float* head, const float* cosv, const float* sinv) const;
 
   std::int64_t D_ = 0;
   QkNorm norm_ = QkNorm::none;

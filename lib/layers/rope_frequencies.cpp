@@ -125,4 +125,30 @@ RopeFrequencies rope_frequencies(const RopeOptions& opts, std::int64_t R) {
   return out;
 }
 
+void rope_turns(const RopeFrequencies& f, double position, float* cosv, float* sinv) {
+  for (std::size_t j = 0; j < f.inv_freq.size(); ++j) {
+    const double angle = position * f.inv_freq[j];
+    cosv[j] = static_cast<float>(f.attention_factor * std::cos(angle));
+    sinv[j] = static_cast<float>(f.attention_factor * std::sin(angle));
+  }
+}
+
+void rope_rotate(float* head, std::int64_t half, bool interleaved, const float* cosv,
+                 const float* sinv) {
+  if (interleaved) {
+    for (std::int64_t j = 0; j < half; ++j) {
+      const float x1 = head[2 * j], x2 = head[2 * j + 1];
+      head[2 * j] = x1 * cosv[j] - x2 * sinv[j];
+      head[2 * j + 1] = x1 * sinv[j] + x2 * cosv[j];
+    }
+  } else {
+    float* const h2 = head + half;
+    for (std::int64_t j = 0; j < half; ++j) {
+      const float x1 = head[j], x2 = h2[j];
+      head[j] = x1 * cosv[j] - x2 * sinv[j];
+      h2[j] = x1 * sinv[j] + x2 * cosv[j];
+    }
+  }
+}
+
 }  // namespace cpuattn::detail

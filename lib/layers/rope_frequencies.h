@@ -22,4 +22,12 @@ void check_rope_scaling(const char* name, const RopeScaling& scaling);
 // passed check_rope_scaling and the base check.
 RopeFrequencies rope_frequencies(const RopeOptions& opts, std::int64_t R);
 
+// m cos and m sin of every pair's angle at `position` (m: the attention factor), computed in
+// double and rounded to float once: cosv, sinv [inv_freq.size()].
+void rope_turns(const RopeFrequencies& f, double position, float* cosv, float* sinv);
+
+// Turns the `half` pairs of one head in place: (j, j + half), or (2j, 2j + 1) when interleaved.
+void rope_rotate(float* head, std::int64_t half, bool interleaved, const float* cosv,
+                 const float* sinv);
+
 }  // namespace cpuattn::detail
