@@ -262,6 +262,33 @@ std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32, bool
   return std::make_shared<MultiHeadAttention>(config, w);
 }
 
+// A Llama-3-8B-shaped decoder layer (d_model 4096, 32 query heads, 8 K/V heads of 128, Llama 3.1
+// rotary embedding, no biases) with bf16 weights, the LD1/LD8 decode steps' layer. The weights are
+// made bf16 directly (84 MB): an f32 copy of them would double the case's set-up memory.
+std::shared_ptr<MultiHeadAttention> llama_layer() {
+  constexpr std::int64_t kD = 4096, kH = 32, kHkv = 8, kHd = 128;
+  std::vector<std::vector<std::uint16_t>> w;
+  const std::int64_t cols[4] = {kH * kHd, kHkv * kHd, kHkv * kHd, kD};
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> f(static_cast<std::size_t>(kD * cols[i]));
+    fill(f, 20 + i);
+    w.emplace_back(f.size());
+    for (std::size_t j = 0; j < f.size(); ++j) w.back()[j] = to_bf16(f[j] * 0.016f);
+  }
+  const auto view = [&](int i) {
+    return TensorView::contiguous(w[i].data(), DType::bf16, {i == 3 ? kH * kHd : kD, cols[i]});
+  };
+  MhaConfig config{.d_model = kD, .heads = kH, .kv_heads = kHkv};
+  config.rope = RopeOptions{.base = 500000.0,
+                            .scaling = {.type = RopeScalingType::llama3,
+                                        .factor = 8,
+                                        .original_max_position = 8192,
+                                        .low_freq_factor = 1,
+                                        .high_freq_factor = 4}};
+  return std::make_shared<MultiHeadAttention>(
+      config, MhaWeights{.wq = view(0), .wk = view(1), .wv = view(2), .wo = view(3)});
+}
+
 }  // namespace
 
 // V1: 32 requests of 16..512 tokens (a fixed pseudo-random draw), self-attention with 12 heads of
@@ -392,6 +419,40 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   return c;
 }
 
+// LD1, LD8: one decode step of the Llama-shaped layer for 1 or 8 sequences with 4096 cached
+// tokens each (the K/V cache in --kv-dtype); bytes count the bf16 weights and the cache read.
+Case llama_decode_case(const std::string& name, DType kv_dtype) {
+  constexpr std::int64_t kD = 4096, kHkv = 8, kHd = 128, kCtx = 4096;
+  const std::int64_t B = name == "LD8" ? 8 : 1;
+  auto layer = llama_layer();
+  auto cache = std::make_shared<KvCache>(layer->make_cache(B, kCtx + 1, false, kv_dtype));
+  {
+    std::vector<float> kv(static_cast<std::size_t>(B * kHkv * kCtx * kHd));
+    fill(kv, 24);
+    const TensorView kvv = f32_view(kv.data(), {B, kHkv, kCtx, kHd});
+    cache->append(kvv, kvv);
+  }
+  auto x = std::make_shared<std::vector<float>>(B * kD);
+  auto out = std::make_shared<std::vector<float>>(B * kD);
+  fill(*x, 25);
+  const double weights = double(kD) * (2 * kD + 2 * kHkv * kHd);
+  const double proj = 2.0 * B * weights;
+  const double attn = 4.0 * B * 32 * (kCtx + 1) * kHd;
+  const double bytes =
+      2.0 * weights + (double(dtype_size(kv_dtype)) * kHd + (needs_scales(kv_dtype) ? 4.0 : 0.0)) *
+                          2.0 * kHkv * B * (kCtx + 1);
+  return Case{name,
+              "Llama decode B" + std::to_string(B) + " ctx4096 bf16 W",
+              proj + attn,
+              bytes,
+              true,
+              [=](Context& ctx) {
+                layer->decode(f32_view(x->data(), {B, 1, kD}), *cache,
+                              f32_view(out->data(), {B, 1, kD}), {}, &ctx);
+                cache->truncate(kCtx);  // every run attends to 4097 tokens
+              }};
+}
+
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType weights) {
   if (auto pc = packed_case(name)) return pc;
   if (auto gc = paged_case(name, kv_dtype)) return gc;
@@ -452,6 +513,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
                   cache->truncate(kTokens);  // drop the new token: every run sees 4097
                 }};
   }
+  if (name == "LD1" || name == "LD8") return llama_decode_case(name, kv_dtype);
   return std::nullopt;
 }
 
