@@ -21,23 +21,56 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/common/outer-inl.h"
 #include "kernels/gemm/gemm.h"
 #include "simd/contract.h"
+#include "simd/prefetch.h"
 #include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
 inline constexpr std::int64_t kGemmKc = 256;
 inline constexpr std::int64_t kGemmMaxRowBlock = detail::kGemmRowPanels * 12;
 
-// C rows [0, R) x one panel (32 columns) += Ap micro-panel . B panel rows [k0, k0 + kc).
-// `init` is the starting value: the bias panel (first k block with a bias), nullptr for zero on
-// the first k block, or C itself (load_c) for later k blocks.
+// Panel rows ahead of the one being read that GemmTile asks for: 1 KiB of bf16 (2 KiB of f32),
+// enough in flight to cover DRAM latency at one 64-byte line per k.
+inline constexpr std::int64_t kGemmPrefetchRows = 16;
+
+// AccumulateOuter over a panel, prefetching panel rows kGemmPrefetchRows ahead while at most
+// `ahead` rows exist past bp (the panels after this one follow it in memory, so the prefetches
+// run on into the next panel and never past the matrix). With few rows of A (decoding) the
+// product streams B from memory once, doing little work per line: the hardware prefetcher alone
+// kept one core well below its read bandwidth (docs/performance.md#dm-gemm-prefetch).
+template <class O, int R, int C, class TB>
+CPUATTN_ALWAYS_INLINE void AccumulatePanel(const float* CPUATTN_RESTRICT a, std::int64_t a_k,
+                                           const TB* CPUATTN_RESTRICT b, std::int64_t b_stride,
+                                           std::int64_t K, std::int64_t ahead,
+                                           typename O::V (&acc)[R][C]) {
+  using V = typename O::V;
+  const std::int64_t row_bytes = b_stride * static_cast<std::int64_t>(sizeof(TB));
+  for (std::int64_t k = 0; k < K; ++k) {
+    if (k + kGemmPrefetchRows < ahead) {
+      const char* pf = reinterpret_cast<const char*>(b + (k + kGemmPrefetchRows) * b_stride);
+      for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
+    }
+    V bv[C];
+    LoadWideN<O, C>(b + k * b_stride, bv);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const V av = O::Set(a[k * a_k + r]);
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][j] = O::MulAdd(av, bv[j], acc[r][j]);
+    }
+  }
+}
+
+// C rows [0, R) x one panel (32 columns) += Ap micro-panel . B panel rows [k0, k0 + kc), with
+// `ahead` rows of B existing past bp. `init` is the starting value: the bias panel (first k block
+// with a bias), nullptr for zero on the first k block, or C itself (load_c) for later k blocks.
 template <class O, int R, class TB>
 CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* CPUATTN_RESTRICT bp,
-                                    std::int64_t kc, float* const* c, const float* bias,
-                                    bool load_c) {
+                                    std::int64_t kc, std::int64_t ahead, float* const* c,
+                                    const float* bias, bool load_c) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(detail::PackedMatrix::kPanel) / N;
@@ -50,7 +83,7 @@ CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* 
       acc[r][j] = load_c ? O::LoadU(c[r] + j * N) : bias ? O::Load(bias + j * N) : O::Zero();
     }
   }
-  AccumulateOuter<O, R, C, TB>(ap, MR, 1, bp, detail::PackedMatrix::kPanel, kc, acc);
+  AccumulatePanel<O, R, C, TB>(ap, MR, bp, detail::PackedMatrix::kPanel, kc, ahead, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(32)
@@ -59,13 +92,13 @@ CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* 
 }
 
 template <class O, class TB>
-void GemmRows(int R, const float* ap, const TB* bp, std::int64_t kc, float* const* c,
-              const float* bias, bool load_c) {
+void GemmRows(int R, const float* ap, const TB* bp, std::int64_t kc, std::int64_t ahead,
+              float* const* c, const float* bias, bool load_c) {
   static_assert(O::kGemmRows <= 12, "extend the switch below");
   switch (R) {
-#define CPUATTN_GEMM_CASE(n)                                                          \
-  case n:                                                                             \
-    if constexpr (n <= O::kGemmRows) GemmTile<O, n, TB>(ap, bp, kc, c, bias, load_c); \
+#define CPUATTN_GEMM_CASE(n)                                                                 \
+  case n:                                                                                    \
+    if constexpr (n <= O::kGemmRows) GemmTile<O, n, TB>(ap, bp, kc, ahead, c, bias, load_c); \
     break;
     CPUATTN_GEMM_CASE(1)
     CPUATTN_GEMM_CASE(2)
@@ -130,15 +163,18 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
         const int R = static_cast<int>(std::min(MR, rows - i * MR));
         const float* a = ap + i * K * MR + k0 * MR;
         const float* init = k0 == 0 ? bias : nullptr;
+        // Rows of B past this block's first, to the end of the matrix (the panels are adjacent):
+        // prefetched by the first micro-panel only, which brings the block into L1 for the rest.
+        const std::int64_t ahead = i == 0 ? (B.panels - p) * K - k0 : 0;
         for (int r = 0; r < R; ++r) crow[r] = cbase[i * MR + r] + p * P;
         // One switch per micro-kernel call: the panel's element type.
         const auto rows_of_b = [&](float* const* out) {
           if (B.dtype == DType::bf16) {
             GemmRows<O, detail::Bf16>(
-                R, a, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(p) + k0 * P), kc, out,
-                init, k0 > 0);
+                R, a, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(p) + k0 * P), kc, ahead,
+                out, init, k0 > 0);
           } else {
-            GemmRows<O, float>(R, a, B.panel(p) + k0 * P, kc, out, init, k0 > 0);
+            GemmRows<O, float>(R, a, B.panel(p) + k0 * P, kc, ahead, out, init, k0 > 0);
           }
         };
         if (cols == P) {
