@@ -32,47 +32,41 @@ inline std::int64_t QHiLoOffset(std::int64_t D) { return (D + 15) / 16 * 16; }
 template <class O>
 struct Bf16Stream;
 
-#if CPUATTN_SIMD_BITS == 512
-// R rows' dot products with four keys (rows k[0..3] of D elements), one 128-bit vector per row
-// whose lane g is key g: R x 4 accumulators (<= 24 of the 32 registers, plus 4 K vectors), and
-// one 4-way reduction per row instead of four (per-key reductions made the score loop
-// compute-bound: docs/performance.md#dm-dot4-reduction).
-// kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
-template <class O, bool kHiLo, int R, class T>
-CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
-                                const T* const (&k)[4], __m128 (&sum)[R]) {
-  if constexpr (kHiLo && std::is_same_v<T, detail::Bf16> && R >= 2) {
-    Bf16Stream<O>::template Dot4HiLo<R>(qd, dp, D, k, sum);
-    return;
-  }
+#if CPUATTN_SIMD_BITS >= 256
+// Rows of Q that Dot4 takes at once: AVX-512's 32 registers hold its 4R accumulators up to 6 rows;
+// AVX2's 16 hold 4 rows because each pair of keys is folded as soon as it is complete (2R
+// accumulators, R folded pairs and the K vectors).
+inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
+
+// Keys k0 and k1 into acc[r][0] and acc[r][1] over d < dv. Key after key, each row front to back:
+// the addresses ascend as in a plain stream, which the hardware prefetchers follow (interleaving
+// the rows per d lost from DRAM: docs/performance.md#dm-decode-key-order). 1-byte elements go d
+// by d instead: their rows are short runs (128 bytes at D = 128), so reading them side by side
+// still moves through memory in order, and each Q vector load serves both keys.
+template <class O, int R, int G, class T>
+CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
+                                   std::int64_t dv, const T* const* k, typename O::V (&acc)[R][G]) {
   constexpr int N = O::kLanes;
-  const std::int64_t dv = D / N * N;
-  typename O::V acc[R][4];
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
-    for (int g = 0; g < 4; ++g) acc[r][g] = O::Zero();
+    for (int g = 0; g < G; ++g) acc[r][g] = O::Zero();
   }
   if constexpr (sizeof(T) == 1) {
-    // 1-byte elements: the four rows are four short runs (128 bytes at D = 128), so reading them
-    // d by d still moves through memory in order, and each Q vector load serves four keys.
     for (std::int64_t d = 0; d < dv; d += N) {
-      typename O::V kv[4];
+      typename O::V kv[G];
       CPUATTN_UNROLL(4)
-      for (int g = 0; g < 4; ++g) kv[g] = LoadWide<O>(k[g] + d);
+      for (int g = 0; g < G; ++g) kv[g] = LoadWide<O>(k[g] + d);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
         const typename O::V qv = O::Load(qd + r * dp + d);
         CPUATTN_UNROLL(4)
-        for (int g = 0; g < 4; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+        for (int g = 0; g < G; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
       }
     }
   } else {
-    // Key after key, each row front to back: the addresses ascend as in a plain stream, which
-    // the hardware prefetchers follow (interleaving the four rows per d lost from DRAM:
-    // docs/performance.md#dm-decode-key-order).
     CPUATTN_UNROLL(4)
-    for (int g = 0; g < 4; ++g) {
+    for (int g = 0; g < G; ++g) {
       for (std::int64_t d = 0; d < dv; d += N) {
         const typename O::V kv = LoadWide<O>(k[g] + d);
         CPUATTN_UNROLL(16)
@@ -80,11 +74,49 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
       }
     }
   }
+}
+
+// R rows' dot products with four keys (rows k[0..3] of D elements), one 128-bit vector per row
+// whose lane g is key g: one 4-way reduction per row instead of four (per-key reductions made the
+// score loop compute-bound: docs/performance.md#dm-dot4-reduction), and four independent FMA
+// chains per row where one key at a time waits on one (a single row, MHA decoding, was bound by
+// the FMA latency on AVX2).
+// kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
+template <class O, bool kHiLo, int R, class T>
+CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
+                                const T* const (&k)[4], __m128 (&sum)[R]) {
+  static_assert(R <= kDot4Rows);
+#if CPUATTN_SIMD_BITS == 512
+  if constexpr (kHiLo && std::is_same_v<T, detail::Bf16> && R >= 2) {
+    Bf16Stream<O>::template Dot4HiLo<R>(qd, dp, D, k, sum);
+    return;
+  }
+#endif
+  const std::int64_t dv = D / O::kLanes * O::kLanes;
+#if CPUATTN_SIMD_BITS == 512
+  typename O::V acc[R][4];
+  DotKeys<O, R, 4, T>(qd, dp, dv, k, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     sum[r] = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
                              O::ToRaw(acc[r][3]));
-    if (dv < D) {
+  }
+#else
+  __m256 pairs[2][R];
+  CPUATTN_UNROLL(2)
+  for (int h = 0; h < 2; ++h) {
+    typename O::V acc[R][2];
+    DotKeys<O, R, 2, T>(qd, dp, dv, k + 2 * h, acc);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r)
+      pairs[h][r] = x86::PairSum(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]));
+  }
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) sum[r] = x86::ReducePairSums(pairs[0][r], pairs[1][r]);
+#endif
+  if (dv < D) {
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
       alignas(16) float tail[4] = {};
       for (int g = 0; g < 4; ++g)
         for (std::int64_t d = dv; d < D; ++d) tail[g] += qd[r * dp + d] * detail::to_float(k[g][d]);
@@ -111,8 +143,8 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
   constexpr int N = O::kLanes;
   const std::int64_t dv = D / N * N;
   std::int64_t j = 0;
-#if CPUATTN_SIMD_BITS == 512
-  if constexpr (R <= 6) {
+#if CPUATTN_SIMD_BITS >= 256
+  if constexpr (R <= kDot4Rows) {
     for (; j + 4 <= nk; j += 4) {
       const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
       __m128 sum[R];

@@ -32,7 +32,7 @@ struct KeyRun {
   std::int64_t s_off, n, valid;
 };
 
-#if CPUATTN_SIMD_BITS == 512
+#if CPUATTN_SIMD_BITS >= 256
 // Row t of the four runs g4[0..3]: the R rows' scores of those four keys, and their V rows
 // prefetched into L2 for the P V that follows (prefetcht2 read faster than prefetcht0 there:
 // docs/performance.md#dm-runs-prefetcht2).
@@ -87,8 +87,8 @@ void DotScoresRunsR(const float* qd, std::int64_t dp, std::int64_t D, const KeyR
                     int nruns, int nahead, std::int64_t ks, std::int64_t kss, float* s,
                     std::int64_t s_stride, std::int64_t v_stride, std::int64_t v_bytes) {
   int i = 0;
-#if CPUATTN_SIMD_BITS == 512
-  if constexpr (R <= 6) {
+#if CPUATTN_SIMD_BITS >= 256
+  if constexpr (R <= kDot4Rows) {
     const int whole = nruns / 4 * 4;
     std::int64_t common = whole > 0 ? runs[0].n : 0;
     for (int q = 1; q < whole; ++q) common = std::min(common, runs[q].n);

@@ -124,6 +124,17 @@ CPUATTN_ALWAYS_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) 
 
 CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
 
+// Lane i (of each 128-bit half) of PairSum(a0, a1): pairs of a0's lanes (i < 2), a1's (i >= 2).
+// ReduceSum4 of four vectors is the lane-wise sum of PairSum(PairSum(a0, a1), PairSum(a2, a3))'s
+// halves, so a caller short of registers may fold a0, a1 as soon as they are complete.
+CPUATTN_ALWAYS_INLINE __m256 PairSum(__m256 a0, __m256 a1) { return _mm256_hadd_ps(a0, a1); }
+
+// Lane g: the sum of the 8 lanes of a_g, from two PairSums.
+CPUATTN_ALWAYS_INLINE __m128 ReducePairSums(__m256 p01, __m256 p23) {
+  const __m256 y = _mm256_hadd_ps(p01, p23);
+  return _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+}
+
 #elif CPUATTN_SIMD_BITS == 128
 CPUATTN_ALWAYS_INLINE void Transpose(__m128* r) { _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]); }
 
