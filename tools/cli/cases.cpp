@@ -220,6 +220,16 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
 // 4096-token KV cache.
 namespace {
 
+// Llama 3.1's rotary embedding (theta 500000, scaling factor 8 over 8192 original positions).
+RopeOptions llama31_rope() {
+  return RopeOptions{.base = 500000.0,
+                     .scaling = {.type = RopeScalingType::llama3,
+                                 .factor = 8,
+                                 .original_max_position = 8192,
+                                 .low_freq_factor = 1,
+                                 .high_freq_factor = 4}};
+}
+
 // The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16. A
 // decoder layer adds Llama 3.1's rotary embedding and per-head QK-norm (the M1rope, M2rope shapes).
 std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32, bool decoder = false) {
@@ -248,12 +258,7 @@ std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32, bool
       .wq = m(wq), .wk = m(wk), .wv = m(wv), .wo = m(wo), .bq = bv, .bk = bv, .bv = bv, .bo = bv};
   std::vector<float> norm(kDm / kHeads);
   if (decoder) {
-    config.rope = RopeOptions{.base = 500000.0,
-                              .scaling = {.type = RopeScalingType::llama3,
-                                          .factor = 8,
-                                          .original_max_position = 8192,
-                                          .low_freq_factor = 1,
-                                          .high_freq_factor = 4}};
+    config.rope = llama31_rope();
     config.qk_norm = QkNorm::head;
     fill(norm, 14);
     for (float& x : norm) x = 1 + 0.5f * x;
@@ -279,12 +284,7 @@ std::shared_ptr<MultiHeadAttention> llama_layer() {
     return TensorView::contiguous(w[i].data(), DType::bf16, {i == 3 ? kH * kHd : kD, cols[i]});
   };
   MhaConfig config{.d_model = kD, .heads = kH, .kv_heads = kHkv};
-  config.rope = RopeOptions{.base = 500000.0,
-                            .scaling = {.type = RopeScalingType::llama3,
-                                        .factor = 8,
-                                        .original_max_position = 8192,
-                                        .low_freq_factor = 1,
-                                        .high_freq_factor = 4}};
+  config.rope = llama31_rope();
   return std::make_shared<MultiHeadAttention>(
       config, MhaWeights{.wq = view(0), .wk = view(1), .wv = view(2), .wo = view(3)});
 }
