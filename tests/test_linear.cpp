@@ -2,9 +2,11 @@
 // against double-precision products.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpuattn/layers.h"
@@ -80,6 +82,43 @@ TEST_P(LinearTargets, MatchesDoubleOverOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, LinearTargets, ::testing::ValuesIn(machine_backends()),
                          [](const auto& info) { return info.param.name(); });
+
+// The first m rows alone take the matrix-vector path (m up to the GEMM micro-kernel's rows),
+// inside a batch of 40 the GEMM's; both sum each element over k in increasing order, so a
+// decoded row equals the same row of a prefill bit for bit. N = 200 is 7 panels: a group of
+// four, three single panels, the last one ragged.
+TEST(Linear, FewRowsBitwiseEqualToTheSameRowsInABatch) {
+  const std::int64_t M = 40;
+  std::uint32_t seed = 300;
+  for (const Backend& be : machine_backends()) {
+    for (bool bf16 : {false, true}) {
+      for (auto [K, N] : {std::array<std::int64_t, 2>{1, 5}, {257, 33}, {1000, 200}, {64, 130}}) {
+        SCOPED_TRACE(be.name() + (bf16 ? " bf16" : " f32") + " K" + std::to_string(K) + " N" +
+                     std::to_string(N));
+        auto w = random_floats(K * N, ++seed);
+        std::vector<std::uint16_t> w16(w.size());
+        for (std::size_t i = 0; i < w.size(); ++i) w16[i] = to_bf16(w[i]);
+        const auto bias = random_floats(N, ++seed), x = random_floats(M * K, ++seed);
+        const Linear lin(bf16 ? TensorView::contiguous(w16.data(), DType::bf16, {K, N})
+                              : f32_view(w.data(), {K, N}),
+                         f32_view(bias.data(), {N}));
+        for (int threads : {1, 2}) {
+          Context ctx(threads);
+          be.apply(ctx);
+          std::vector<float> all(M * N);
+          lin.forward(f32_view(x.data(), {M, K}), f32_view(all.data(), {M, N}), &ctx);
+          for (std::int64_t m : {1, 2, 3, 5, 8, 12}) {
+            std::vector<float> few(m * N + 1, 7.0f);
+            lin.forward(f32_view(x.data(), {m, K}), f32_view(few.data(), {m, N}), &ctx);
+            ASSERT_EQ(std::memcmp(few.data(), all.data(), m * N * 4), 0)
+                << m << " rows, " << threads << " threads";
+            ASSERT_EQ(few[m * N], 7.0f) << "wrote past the output";
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(Linear, ConcatEqualsSeparateProducts) {
   const std::int64_t M = 37, K = 70, N0 = 40, N1 = 9, N2 = 33;

@@ -24,9 +24,10 @@ void run_gemm(GemmProblem& g, Context& ctx) {
   Recorder* rec = current_recorder();
   c.run([&] {
     // Blocking only decides which thread computes what (each C element sums in the same order
-    // whatever the blocks), so it may follow the thread count. Row blocks of 8 micro-panels
-    // (96 rows on AVX-512) keep the packed rows in L2; when that leaves fewer than 4 tasks per
-    // thread (short inputs, decoding) the panels are split as well.
+    // whatever the blocks, and on either path), so it may follow the thread count. Row blocks of
+    // 8 micro-panels (96 rows on AVX-512) keep the packed rows in L2; when that leaves fewer than
+    // 4 tasks per thread (short inputs, decoding) the panels are split as well. At most one
+    // micro-panel of rows (decoding) takes the matrix-vector path, which streams B once.
     const std::int64_t threads = tbb::this_task_arena::max_concurrency();
     const std::int64_t want = 4 * threads;
     g.row_block = std::min((g.M + mr - 1) / mr, kGemmRowPanels) * mr;
@@ -37,6 +38,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
       g.panel_block = (g.panel_block + 1) / 2;
     }
     g.panel_tasks = (g.b->panels + g.panel_block - 1) / g.panel_block;
+    const auto task = g.M <= mr ? gk.gemv_task : gk.task;
     if (rec != nullptr) {
       const double M = static_cast<double>(g.M), K = static_cast<double>(g.b->K),
                    N = static_cast<double>(g.b->N);
@@ -51,7 +53,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
           const Context::Impl::Lease lease{c, s};
           for (std::int64_t t = r.begin(); t < r.end(); ++t) {
             const TaskTimer timer(rec, t, Phase::gemm);
-            gk.task(g, t, s);
+            task(g, t, s);
           }
         },
         tbb::simple_partitioner());

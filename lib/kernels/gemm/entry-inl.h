@@ -9,6 +9,7 @@
 
 #include "kernels/gemm/gemm-inl.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemv-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -17,8 +18,13 @@ void RunGemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& 
   GemmTask<Ops>(g, t, scratch);
 }
 
+void RunGemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scratch) {
+  GemvTask<Ops>(g, t, scratch);
+}
+
 const detail::GemmKernels* GetGemmKernels() {
-  static const detail::GemmKernels table{.rows = Ops::kGemmRows, .task = &RunGemmTask};
+  static const detail::GemmKernels table{
+      .rows = Ops::kGemmRows, .task = &RunGemmTask, .gemv_task = &RunGemvTask};
   return &table;
 }
 

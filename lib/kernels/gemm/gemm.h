@@ -1,6 +1,6 @@
 // The dense product behind Linear and the layers: C = A B (+ bias), A and C given by rows,
 // B packed once into column panels. Files: gemm-inl.h (micro-kernel and task), entry-inl.h (the
-// per-target table), gemm_hwy.cc and gemm_xsimd.cc (the units).
+// per-target table), gemv-inl.h (few rows of A), gemm_hwy.cc and gemm_xsimd.cc (the units).
 #pragma once
 
 #include <cstdint>
@@ -68,6 +68,8 @@ struct GemmKernels {
   std::int64_t rows;  // rows of the micro-kernel's tile
   // Task t of a planned product (row block t / panel_tasks, panel block t % panel_tasks).
   void (*task)(const GemmProblem&, std::int64_t t, Scratch&);
+  // The same for M <= rows (decoding): one row task, panel blocks only (kernels/gemm/gemv-inl.h).
+  void (*gemv_task)(const GemmProblem&, std::int64_t t, Scratch&);
 };
 
 const GemmKernels& gemm_kernels(const Choice& choice);
