@@ -131,8 +131,10 @@ std::int64_t sequence_length(const PagedKv& kv, std::int64_t b) {
   return len;
 }
 
-Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
-                     const AttentionOptions& opts, bool allow_f64) {
+// Validates the call; with `paged`, also cuts it into one problem per sequence there (appended
+// to its cleared vectors, whose capacity is kept: a steady-state call allocates nothing).
+void validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+                    const AttentionOptions& opts, bool allow_f64, Paged* paged) {
   const AttentionOptions o = paged_options(q, kv, opts);
   const std::int64_t B = q.shape[0];
   const Problem whole =
@@ -141,9 +143,13 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
   const std::int64_t num_pages = kv.k_pages.shape[0], P = kv.k_pages.shape[2];
   int shift = 0;
   while ((std::int64_t{1} << shift) < P) ++shift;
-  Paged paged;
+  if (paged != nullptr) {
+    paged->run.clear();
+    paged->empty.clear();
+  }
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t len = sequence_length(kv, b);
+    if (paged == nullptr) continue;
     Problem p = whole;
     p.B = 1;
     p.Lk = len;
@@ -163,16 +169,15 @@ Paged validate_paged(const TensorView& q, const PagedKv& kv, const OutputView& o
     p.pages = static_cast<const std::int32_t*>(kv.block_table.data) + b * kv.block_table.strides[0];
     p.pages_s = 0;
     p.page_shift = shift;
-    (len == 0 ? paged.empty : paged.run).push_back(p);
+    (len == 0 ? paged->empty : paged->run).push_back(p);
   }
-  return paged;
 }
 
 }  // namespace
 
 void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
                  const AttentionOptions& opts) {
-  validate_paged(q, kv, out, opts, false);
+  validate_paged(q, kv, out, opts, false, nullptr);
 }
 
 }  // namespace detail
@@ -180,7 +185,11 @@ void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
 void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
                const AttentionOptions& opts, Context* context) {
   detail::CallScope scope("attention_paged");
-  const detail::Paged paged = detail::validate_paged(q, kv, out, opts, false);
+  // One per thread, reused: a thread is inside at most one attention() at a time (the kernels'
+  // tasks, which a waiting thread may run, never enter the API), and its vectors keep their
+  // capacity, so a decode step of a steady batch allocates nothing.
+  static thread_local detail::Paged paged;
+  detail::validate_paged(q, kv, out, opts, false, &paged);
   Context& ctx = context != nullptr ? *context : default_context();
   scope.set_dtypes(q.dtype, kv.k_pages.dtype, out.dtype);
   if (scope.active()) {
@@ -195,7 +204,8 @@ void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
 
 void reference_attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
                          const AttentionOptions& opts) {
-  const detail::Paged paged = detail::validate_paged(q, kv, out, opts, true);
+  detail::Paged paged;
+  detail::validate_paged(q, kv, out, opts, true, &paged);
   for (const detail::Problem& p : paged.empty) detail::write_empty(p);
   for (const detail::Problem& p : paged.run) detail::run_reference(p);
 }

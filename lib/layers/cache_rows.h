@@ -50,6 +50,15 @@ inline std::vector<float> cache_scales(const char* who, DType dtype, const std::
   return n == kv_heads ? s : std::vector<float>(static_cast<std::size_t>(kv_heads), s[0]);
 }
 
+// The f32 row store_cache_row converts through, one per thread and grown on demand: once a
+// cache has stored a row of this width on this thread, storing allocates nothing (a steady-state
+// decode step must not allocate).
+inline std::vector<float>& conversion_row(std::int64_t width) {
+  static thread_local std::vector<float> row;
+  if (row.size() < static_cast<std::size_t>(width)) row.resize(static_cast<std::size_t>(width));
+  return row;
+}
+
 // Stores `width` values of `t` (f32, bf16 or f16) starting at element offset `src` as the cache's
 // `dtype` at `out`: a copy when the dtypes match, else through f32 in `row` (at least `width`
 // long). A scaled dtype is quantized with the row's own scale, written to *row_scale, or (with

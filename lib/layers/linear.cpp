@@ -182,17 +182,21 @@ void Linear::forward(const TensorView& x, const OutputView& y_out, Context* cont
   detail::check_view("y", y, 1, 4);
   detail::check_dtype("x", x, false);
   detail::check_dtype("y", y, false);
-  const std::string shapes = "x " + shape_str(x) + ", y " + shape_str(y) + ", weight [" +
-                             std::to_string(m_->K) + "," + std::to_string(m_->N) + "]";
+  // Built only to fail with: a call that passes its checks allocates nothing.
+  const auto shapes = [&] {
+    return "x " + shape_str(x) + ", y " + shape_str(y) + ", weight [" + std::to_string(m_->K) +
+           "," + std::to_string(m_->N) + "]";
+  };
   if (x.shape[x.rank - 1] != m_->K) {
-    fail("x's last dimension must be in_features=" + std::to_string(m_->K) + " (" + shapes + ")");
+    fail("x's last dimension must be in_features=" + std::to_string(m_->K) + " (" + shapes() + ")");
   }
   if (y.shape[y.rank - 1] != m_->N) {
-    fail("y's last dimension must be out_features=" + std::to_string(m_->N) + " (" + shapes + ")");
+    fail("y's last dimension must be out_features=" + std::to_string(m_->N) + " (" + shapes() +
+         ")");
   }
   bool same = x.rank == y.rank;
   for (int d = 0; same && d + 1 < x.rank; ++d) same = x.shape[d] == y.shape[d];
-  if (!same) fail("x and y must have the same leading dimensions (" + shapes + ")");
+  if (!same) fail("x and y must have the same leading dimensions (" + shapes() + ")");
   detail::check_no_self_overlap("y", y);
   detail::check_disjoint("y", detail::extent_of("y", y), {{"x", detail::extent_of("x", x)}});
 

@@ -35,12 +35,15 @@ std::string dims_str(std::initializer_list<std::int64_t> dims) {
 
 // Describes a layer call in its record (include/cpuattn/profile.h).
 // kv: the element type of the K/V the attention read (the cache's; f32 projections otherwise).
-void describe(detail::CallScope& scope, const std::string& inputs, const MhaConfig& c,
+// `inputs` makes the inputs' description (a string), only when the call is recorded: a decode
+// step that is not recorded allocates nothing.
+template <class Inputs>
+void describe(detail::CallScope& scope, const Inputs& inputs, const MhaConfig& c,
               const AttentionOptions& opts, DType kv = DType::f32) {
   scope.set_dtypes(DType::f32, kv, DType::f32);
   if (!scope.active()) return;
   scope.record().shapes =
-      inputs + ";d_model:" + std::to_string(c.d_model) + ";heads:" + std::to_string(c.heads) +
+      inputs() + ";d_model:" + std::to_string(c.d_model) + ";heads:" + std::to_string(c.heads) +
       ";kv_heads:" + std::to_string(c.kv_heads) + ";head_dim:" + std::to_string(c.head_dim);
   scope.record().mask = detail::mask_description(opts);
 }
@@ -199,8 +202,7 @@ struct KvCache::Storage {
   void store_one(const TensorView& x, std::vector<std::uint8_t>& dst, std::vector<float>& scale,
                  const std::vector<float>& head_scale, std::int64_t width, std::int64_t cap) const {
     const std::int64_t n = x.shape[2], e = esize();
-    // A same-dtype append (every f32 decode step) copies rows and needs no conversion buffer.
-    std::vector<float> row(x.dtype == dtype ? 0 : static_cast<std::size_t>(width));
+    std::vector<float>& row = conversion_row(x.dtype == dtype ? 0 : width);
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < Hkv; ++h) {
         for (std::int64_t l = 0; l < n; ++l) {
@@ -357,19 +359,23 @@ struct MultiHeadAttention::Impl {
 
   // Per-call intermediates in the context's per-thread layer scratch:
   // Q [rows_q, H*D], K [rows_kv, Hkv*D], V [rows_kv, Hkv*Dv], A (heads' outputs) [rows_q, H*Dv].
+  // `ints`: that many int64 slots after them (a paged step's per-sequence lengths and tables).
   struct Buffers {
     float *q, *k, *v, *a;
+    std::int64_t* ints;
   };
   // The caller holds a Lease on ctx's layer scratch of this thread for as long as it uses these.
-  Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv) const {
+  Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv,
+                  std::int64_t ints = 0) const {
     const auto pad = [](std::int64_t n) { return (n + 15) / 16 * 16; };
     const std::int64_t nq = pad(rows_q * cfg.heads * cfg.head_dim);
     const std::int64_t nk = pad(rows_kv * cfg.kv_heads * cfg.head_dim);
     const std::int64_t nv = pad(rows_kv * cfg.kv_heads * cfg.value_dim);
     const std::int64_t na = pad(rows_q * cfg.heads * cfg.value_dim);
     float* base = detail::ContextAccess::impl(ctx).layer_scratch.local().get(
-        static_cast<std::size_t>(nq + nk + nv + na));
-    return {base, base + nq, base + nq + nk, base + nq + nk + nv};
+        static_cast<std::size_t>(nq + nk + nv + na + 2 * ints));
+    return {base, base + nq, base + nq + nk, base + nq + nk + nv,
+            reinterpret_cast<std::int64_t*>(base + nq + nk + nv + na)};
   }
 
   // A [B, L, heads, width] buffer as the kernel's logical [B, heads, L, width].
@@ -526,7 +532,8 @@ void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
   const Impl& m = live(impl_, "forward");
   Context& ctx = context != nullptr ? *context : default_context();
   m.forward(x, x, out, opts, ctx, /*self=*/true);
-  describe(scope, "x:" + detail::dims_of(x), m.cfg, opts);
+  describe(
+      scope, [&] { return "x:" + detail::dims_of(x); }, m.cfg, opts);
   scope.finish(ctx);
 }
 
@@ -542,7 +549,9 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   }
   Context& ctx = context != nullptr ? *context : default_context();
   m.forward(xq, xkv, out, opts, ctx, /*self=*/false);
-  describe(scope, "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv), m.cfg, opts);
+  describe(
+      scope, [&] { return "xq:" + detail::dims_of(xq) + ";xkv:" + detail::dims_of(xkv); }, m.cfg,
+      opts);
   scope.finish(ctx);
 }
 
@@ -635,7 +644,9 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   s.commit(g, len);
   detail::run_attention(problem, ctx);
   m.output(buf, B, n, out, ctx);
-  describe(scope, "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len), c, opts, s.dtype);
+  describe(
+      scope, [&] { return "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len); }, c, opts,
+      s.dtype);
   scope.finish(ctx);
 }
 
@@ -671,32 +682,35 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n);
+  // Scratch ints: B zero lengths, B zero table entries (int32, in B int64 slots), B positions.
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, 3 * B);
   const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
   const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
   // The options against the pool, before anything changes: every sequence as if empty (lengths
   // do not enter the options' checks), in a table of this call's own, so that a failed step
   // leaves the cache's batch() table and lengths (which a caller may hold) as they were.
   {
-    const std::vector<std::int32_t> table(static_cast<std::size_t>(B), 0);
-    const std::vector<std::int64_t> lens(static_cast<std::size_t>(B), 0);
+    std::int64_t* lens = buf.ints;
+    auto* table = reinterpret_cast<std::int32_t*>(buf.ints + B);
+    std::fill(lens, lens + B, 0);
+    std::fill(table, table + B, 0);
     PagedKv dry;
     dry.k_pages = cache.key_pages();
     dry.v_pages = cache.value_pages();
     dry.k_scales = cache.key_page_scales();
     dry.v_scales = cache.value_page_scales();
-    dry.block_table = TensorView::contiguous(table.data(), DType::i32, {B, 1});
-    dry.seq_lens = TensorView::contiguous(lens.data(), DType::i64, {B});
+    dry.block_table = TensorView::contiguous(table, DType::i32, {B, 1});
+    dry.seq_lens = TensorView::contiguous(lens, DType::i64, {B});
     detail::check_paged(q, dry, a, opts);
   }
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
   m.project_step(x, buf, ctx);
   {
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(B));
+    std::int64_t* lengths = buf.ints + 2 * B;
     for (std::int64_t b = 0; b < B; ++b)
-      lengths[static_cast<std::size_t>(b)] = cache.length(seqs[static_cast<std::size_t>(b)]);
-    m.prepare_step(buf, B, n, {.per_seq = lengths.data()}, ctx);
+      lengths[b] = cache.length(seqs[static_cast<std::size_t>(b)]);
+    m.prepare_step(buf, B, n, {.per_seq = lengths}, ctx);
   }
   // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
   const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
@@ -714,7 +728,8 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
                      rows(buf.v, b, c.value_dim));
   attention(q, cache.batch(seqs), a, opts, &ctx);
   m.output(buf, B, n, out, ctx);
-  describe(scope, "x:" + detail::dims_of(x) + ";paged", c, opts, cache.dtype());
+  describe(
+      scope, [&] { return "x:" + detail::dims_of(x) + ";paged"; }, c, opts, cache.dtype());
   scope.finish(ctx);
 }
 

@@ -136,7 +136,7 @@ void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const T
                                        std::vector<std::uint8_t>& pool, std::vector<float>& scale,
                                        const std::vector<float>& head_scale, std::int64_t width) {
   const auto e = static_cast<std::int64_t>(dtype_size(dtype));
-  std::vector<float> row(t.dtype == dtype ? 0 : static_cast<std::size_t>(width));
+  std::vector<float>& row = conversion_row(t.dtype == dtype ? 0 : width);
   for (std::int64_t l = 0; l < t.shape[1]; ++l) {
     const std::int64_t tok = first + l;
     const std::int64_t page = s.pages[static_cast<std::size_t>(tok / P)];
