@@ -111,7 +111,7 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   Recorder* rec = current_recorder();
   // The one dispatch of the call: every task of it runs this provider's and target's kernels.
   const Choice& choice = choose(&ctx);
-  Scratch& call = c.call_scratch.local();
+  Scratch& call = c.call_scratch_now();
   const Context::Impl::Lease call_lease{c, call};
   const PlanSet set = plan_set(ps, n, choice, call);
   if (rec != nullptr) record_set(ps, set, *rec);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/recorder.h"
 #include "core/scratch.h"
 #include "cpuattn/cpuattn.h"
 
@@ -54,6 +55,48 @@ struct Context::Impl {
     } else {
       tbb::this_task_arena::isolate(f);
     }
+  }
+
+  // Runs a caller's whole step f() (a layer's projections, attention and output) as ONE entry
+  // into the arena: with many callers on one Context a step then waits for the arena once, not
+  // once per inner call. f may run on any thread of the arena, and that thread may be waiting
+  // inside a call of its own further down its stack (a step handed over by execute() is taken
+  // even by an isolated thread), so state that lives across f's waits is the caller's, captured
+  // here: its call_scratch (call_scratch_now()) and its profile recorder.
+  template <class F>
+  void run_for_caller(F&& f) {
+    detail::Scratch& call = call_scratch_now();
+    detail::Recorder* rec = detail::current_recorder();
+    run([&] {
+      CallerState& state = caller_state();
+      const CallerState saved = state;
+      state = {this, &call};
+      const detail::CurrentRecorder current(rec);
+      try {
+        f();
+      } catch (...) {
+        state = saved;
+        throw;
+      }
+      state = saved;
+    });
+  }
+
+  // The call_scratch of the call running on this thread: the thread's own, or inside
+  // run_for_caller() the caller's.
+  detail::Scratch& call_scratch_now() {
+    const CallerState& state = caller_state();
+    return state.owner == this ? *state.call : call_scratch.local();
+  }
+
+ private:
+  struct CallerState {
+    const Impl* owner = nullptr;
+    detail::Scratch* call = nullptr;
+  };
+  static CallerState& caller_state() {
+    static thread_local CallerState state;
+    return state;
   }
 };
 

@@ -634,16 +634,19 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
       detail::validate(q, s.view(dst, false, len), s.view(dst, true, len), a, opts, false);
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
-  m.project_step(x, buf, ctx);
-  m.prepare_step(buf, B, n, {.first = s.length}, ctx);
-  const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
-  const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
-  s.check_storable(new_k, "k (projected from x)");
-  s.check_storable(new_v, "v (projected from x)");
-  s.store(new_k, new_v, dst);
-  s.commit(g, len);
-  detail::run_attention(problem, ctx);
-  m.output(buf, B, n, out, ctx);
+  // One entry into the arena for the whole step (docs/performance.md#dm-decode-one-entry).
+  ci.run_for_caller([&] {
+    m.project_step(x, buf, ctx);
+    m.prepare_step(buf, B, n, {.first = s.length}, ctx);
+    const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
+    const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
+    s.check_storable(new_k, "k (projected from x)");
+    s.check_storable(new_v, "v (projected from x)");
+    s.store(new_k, new_v, dst);
+    s.commit(g, len);
+    detail::run_attention(problem, ctx);
+    m.output(buf, B, n, out, ctx);
+  });
   describe(
       scope, [&] { return "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len); }, c, opts,
       s.dtype);
