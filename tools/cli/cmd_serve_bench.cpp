@@ -32,6 +32,7 @@ struct Options {
   int threads = 0;
   std::string mix = "prefill:1,decode:4,embed:2";
   bool small = false;
+  std::string workload = "mix", kv_dtype;
   std::uint64_t seed = 1;
   int sessions = 0;
   bool md = false, json = false, no_verify = false;
@@ -93,6 +94,8 @@ Json record(const Options& o, const ServeBenchResult& r, const ServeBenchOptions
   j["target"] = r.target;
   j["simd"] = r.simd;
   j["sizes"] = so.small ? "small" : "full";
+  j["workload"] = r.workload;
+  j["kv_dtype"] = r.kv_dtype;
   j["mix"] = o.mix;
   j["seed"] = o.seed;
   if (so.duration_s > 0) {
@@ -139,6 +142,10 @@ void print_md(const std::vector<ServeBenchResult>& rs) {
               m.cpu.c_str(), m.vendor.c_str(), m.logical_cpus,
               static_cast<long long>(m.l1d_bytes / 1024), static_cast<long long>(m.l2_bytes / 1024),
               m.version.c_str(), m.revision.c_str());
+  if (!rs.empty()) {
+    std::printf("Workload: %s, decode cache %s.\n\n", rs.front().workload.c_str(),
+                rs.front().kv_dtype.c_str());
+  }
   std::printf(
       "| clients | threads | requests | wall s | req/s | tokens/s | all ms p50 / p99 / max | "
       "prefill n | prefill ms p50 / p99 / max | decode n | decode ms p50 / p99 / max | embed n | "
@@ -161,9 +168,11 @@ void print_text_header(const ServeBenchResult& first, const ServeBenchOptions& s
   const Machine& m = this_machine();
   std::printf("cpuattn serve-bench: %s, %d logical CPUs; cpuattn %s (%s)\n", m.cpu.c_str(),
               m.logical_cpus, m.version.c_str(), m.revision.c_str());
-  std::printf("one shared Context: %d threads, target %s, simd %s; %s sizes; mix %s; ",
-              first.threads, first.target.c_str(), first.simd.c_str(), so.small ? "small" : "full",
-              o.mix.c_str());
+  std::printf(
+      "one shared Context: %d threads, target %s, simd %s; workload %s, %s sizes, decode cache "
+      "%s; mix %s; ",
+      first.threads, first.target.c_str(), first.simd.c_str(), first.workload.c_str(),
+      so.small ? "small" : "full", first.kv_dtype.c_str(), o.mix.c_str());
   if (so.duration_s > 0) {
     std::printf("%.3g s per row\n", so.duration_s);
   } else {
@@ -195,6 +204,8 @@ int run(const Options& o) {
   so.duration_s = o.duration;
   parse_mix(o.mix, so.mix);
   so.small = o.small;
+  so.workload = o.workload == "llama" ? serve::Workload::llama : serve::Workload::mix;
+  so.kv_dtype = o.kv_dtype;
   so.seed = o.seed;
   so.threads = o.threads;
   so.sessions = o.sessions;
@@ -243,15 +254,21 @@ void add_serve_bench_command(CLI::App& app, int& exit_code) {
       "           against the session's KV cache (prompt 16 ... 256 tokens, cleared at 512);\n"
       "           sessions come from a pool, one client at a time\n"
       "  embed    bidirectional batch B 8, H 12, L 32 ... 128, D 64, padded by key lengths\n"
-      "(--small shrinks every size). Reports requests/s, tokens/s and p50/p99/max latency of the\n"
-      "library call per kind, one row per --clients value. Inputs come from per-request seeds;\n"
-      "afterwards every request is recomputed serially on one thread (decode steps replayed in\n"
-      "their session's order) and must be bitwise equal, answered once, and never see another\n"
-      "session's cache. Exit code 1 if a check fails.\n"
+      "(--small shrinks every size). --workload llama keeps the kinds with Llama shapes: decode\n"
+      "runs a Llama-3-8B-shaped layer (d_model 4096, 32 heads, 8 K/V heads of 128, Llama 3.1\n"
+      "RoPE, bf16 weights) against sessions of 512 ... 3584 prompt tokens cleared at 4096, with a\n"
+      "bf16 cache (--kv-dtype); prefill is causal attention, H 32, D 128, L 128 ... 1024.\n"
+      "Reports requests/s, tokens/s and p50/p99/max latency of the library call per kind, one\n"
+      "row per --clients value. Inputs come from per-request seeds; afterwards every request is\n"
+      "recomputed serially on one thread (decode steps replayed in their session's order) and\n"
+      "must be bitwise equal, answered once, and never see another session's cache. Exit code 1\n"
+      "if a check fails.\n"
       "Examples:\n"
       "  cpuattn serve-bench --clients 1,2,8,64 --duration 5 --md\n"
       "  cpuattn serve-bench --clients 2 --requests 5 --small\n"
-      "  cpuattn serve-bench --clients 8 --mix decode:1 --json");
+      "  cpuattn serve-bench --clients 8 --mix decode:1 --json\n"
+      "  cpuattn serve-bench --workload llama --mix prefill:1,decode:8 --clients 1,8,64 "
+      "--duration 10 --md");
   cmd->add_option("--clients", opts->clients,
                   "Client thread counts, one row each (comma list; default 1,2,8,64)")
       ->delimiter(',')
@@ -269,6 +286,11 @@ void add_serve_bench_command(CLI::App& app, int& exit_code) {
                   "Relative weights of the kinds, e.g. prefill:1,decode:4,embed:2 (the default); "
                   "a kind not named gets 0");
   cmd->add_flag("--small", opts->small, "Small sizes (quick checks, sanitizer builds)");
+  cmd->add_option("--workload", opts->workload, "mix (the default) or llama (Llama-shaped)")
+      ->check(CLI::IsMember({"mix", "llama"}));
+  cmd->add_option("--kv-dtype", opts->kv_dtype,
+                  "Decode sessions' cache dtype: f32, bf16, f16, int8, ... (default f32; bf16 "
+                  "for llama)");
   cmd->add_option("--seed", opts->seed, "Seed of every input (default 1)");
   cmd->add_option("--sessions", opts->sessions,
                   "Decode sessions in the pool (default 2 per client)")

@@ -31,6 +31,10 @@ const char* kind_name(Kind kind) {
   return "?";
 }
 
+const char* workload_name(Workload workload) {
+  return workload == Workload::llama ? "llama" : "mix";
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -45,11 +49,15 @@ struct Sizes {
   // decode: a MultiHeadAttention layer (d_model = heads * dim), sessions of at most max_len
   // cached tokens that start with a prompt of prompt_min ... prompt_max tokens.
   std::int64_t d_heads, d_kv_heads, d_dim, d_prompt_min, d_prompt_max, d_max_len;
+  // The decode layer is a Llama one: Llama 3.1 rotary embedding, bf16 weights.
+  bool llama;
   std::int64_t d_model() const { return d_heads * d_dim; }
 };
 
-constexpr Sizes kFull{8, 64, 16, 512, 8, 12, 64, 32, 128, 8, 2, 64, 16, 256, 512};
-constexpr Sizes kSmall{2, 16, 8, 48, 2, 4, 16, 8, 24, 4, 2, 16, 4, 12, 24};
+constexpr Sizes kFull{8, 64, 16, 512, 8, 12, 64, 32, 128, 8, 2, 64, 16, 256, 512, false};
+constexpr Sizes kSmall{2, 16, 8, 48, 2, 4, 16, 8, 24, 4, 2, 16, 4, 12, 24, false};
+constexpr Sizes kLlama{32, 128, 128, 1024, 8, 12, 64, 32, 128, 32, 8, 128, 512, 3584, 4096, true};
+constexpr Sizes kLlamaSmall{2, 16, 8, 48, 2, 4, 16, 8, 24, 4, 2, 16, 4, 12, 24, true};
 
 // ---- Deterministic inputs.
 
@@ -134,9 +142,11 @@ Kind pick_kind(std::uint64_t rseed, const double (&mix)[kKinds]) {
 
 struct Model {
   Sizes sz;
+  DType kv;  // the sessions' cache dtype
   std::vector<float> wq, wk, wv, wo;
+  std::vector<std::uint16_t> wq16, wk16, wv16, wo16;  // bf16 weights (llama); f32 ones freed
   std::unique_ptr<MultiHeadAttention> mha;
-  Model(const Sizes& s, std::uint64_t seed) : sz(s) {
+  Model(const Sizes& s, DType kv_dtype, std::uint64_t seed) : sz(s), kv(kv_dtype) {
     const std::int64_t dm = s.d_model(), hd = s.d_heads * s.d_dim, kvd = s.d_kv_heads * s.d_dim;
     wq.resize(dm * hd);
     wk.resize(dm * kvd);
@@ -151,16 +161,32 @@ struct Model {
     for (auto* w : {&wq, &wk, &wv, &wo})
       for (float& x : *w) x *= a;
     MhaWeights w;
-    w.wq = f32_view(wq.data(), {dm, hd});
-    w.wk = f32_view(wk.data(), {dm, kvd});
-    w.wv = f32_view(wv.data(), {dm, kvd});
-    w.wo = f32_view(wo.data(), {hd, dm});
-    mha = std::make_unique<MultiHeadAttention>(MhaConfig{.d_model = dm,
-                                                         .heads = s.d_heads,
-                                                         .kv_heads = s.d_kv_heads,
-                                                         .head_dim = s.d_dim,
-                                                         .value_dim = s.d_dim},
-                                               w);
+    const auto view = [&](std::vector<float>& f, std::vector<std::uint16_t>& b, std::int64_t rows,
+                          std::int64_t cols) -> TensorView {
+      if (!s.llama) return f32_view(f.data(), {rows, cols});
+      b.resize(f.size());
+      for (std::size_t i = 0; i < f.size(); ++i) b[i] = to_bf16(f[i]);
+      std::vector<float>().swap(f);
+      return TensorView::contiguous(b.data(), DType::bf16, {rows, cols});
+    };
+    w.wq = view(wq, wq16, dm, hd);
+    w.wk = view(wk, wk16, dm, kvd);
+    w.wv = view(wv, wv16, dm, kvd);
+    w.wo = view(wo, wo16, hd, dm);
+    MhaConfig config{.d_model = dm,
+                     .heads = s.d_heads,
+                     .kv_heads = s.d_kv_heads,
+                     .head_dim = s.d_dim,
+                     .value_dim = s.d_dim};
+    if (s.llama) {
+      config.rope = RopeOptions{.base = 500000.0,
+                                .scaling = {.type = RopeScalingType::llama3,
+                                            .factor = 8,
+                                            .original_max_position = 8192,
+                                            .low_freq_factor = 1,
+                                            .high_freq_factor = 4}};
+    }
+    mha = std::make_unique<MultiHeadAttention>(config, w);
   }
 };
 
@@ -169,7 +195,7 @@ struct Session {
   std::int64_t steps = 0;  // decode requests served so far (the next request's step)
   std::int64_t epoch = 0;  // conversations so far: the cache is cleared when full
   std::atomic<int> busy{0};
-  explicit Session(const Model& m) : cache(m.mha->make_cache(1, m.sz.d_max_len, false)) {}
+  explicit Session(const Model& m) : cache(m.mha->make_cache(1, m.sz.d_max_len, false, m.kv)) {}
 };
 
 // Sessions checked out by one client at a time.
@@ -371,15 +397,35 @@ void validate(const ServeBenchOptions& o) {
   if (total <= 0) throw std::invalid_argument("serve-bench: the mix needs a weight > 0");
   if (o.threads < 0) throw std::invalid_argument("serve-bench: threads must be >= 0");
   if (o.sessions < 0) throw std::invalid_argument("serve-bench: sessions must be >= 0");
+  DType kv = DType::f32;
+  if (!o.kv_dtype.empty() && !(parse_dtype(o.kv_dtype, kv) && is_kv_dtype(kv))) {
+    throw std::invalid_argument("serve-bench: kv_dtype '" + o.kv_dtype +
+                                "' is not a K/V cache dtype (f32, bf16, f16, int8, ...)");
+  }
+}
+
+// The decode sessions' cache dtype (validate() checked the name).
+DType cache_dtype(const ServeBenchOptions& o) {
+  DType kv = o.workload == Workload::llama ? DType::bf16 : DType::f32;
+  if (!o.kv_dtype.empty()) parse_dtype(o.kv_dtype, kv);
+  return kv;
+}
+
+const Sizes& sizes_of(const ServeBenchOptions& o) {
+  if (o.workload == Workload::llama) return o.small ? kLlamaSmall : kLlama;
+  return o.small ? kSmall : kFull;
 }
 
 }  // namespace
 
 ServeBenchResult run_serve_bench(const ServeBenchOptions& o) {
   validate(o);
-  const Sizes& sz = o.small ? kSmall : kFull;
+  const Sizes& sz = sizes_of(o);
+  const DType kv = cache_dtype(o);
   ServeBenchResult res;
   res.clients = o.clients;
+  res.workload = workload_name(o.workload);
+  res.kv_dtype = dtype_short_name(kv);
   const int threads = o.threads > 0
                           ? o.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -395,7 +441,7 @@ ServeBenchResult run_serve_bench(const ServeBenchOptions& o) {
   res.target = target_name(active_target(&ctx));
   res.simd = simd_name(active_simd(&ctx));
 
-  const Model model(sz, o.seed);
+  const Model model(sz, kv, o.seed);
   std::vector<std::unique_ptr<Session>> sessions;
   for (int i = 0; i < res.sessions; ++i) sessions.push_back(std::make_unique<Session>(model));
   Pool pool(res.sessions);

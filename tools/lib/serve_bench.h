@@ -9,6 +9,10 @@
 //            tokens of its own and is cleared (a new conversation) when its cache is full.
 //   embed    short bidirectional batches, B 8, H 12, L 32 ... 128, D 64, padded by key_lengths
 // (the `small` scale shrinks every size for sanitizer builds and quick tests).
+// The llama workload keeps the kinds and changes the shapes: decode runs a Llama-3-8B-shaped
+// layer (d_model 4096, 32 query heads, 8 K/V heads of 128, Llama 3.1 rotary embedding, bf16
+// weights) against sessions of 512 ... 3584 prompt tokens cleared at 4096; prefill is causal
+// attention with 32 heads of 128 over 128 ... 1024 tokens; embed is as in the mix.
 //
 // Sessions live in one pool; a client checks a session out (mutex + condition variable), runs
 // one step, and returns it, so a session moves between clients but is only ever used by one at a
@@ -31,6 +35,8 @@
 namespace cpuattn::serve {
 
 enum class Kind : int { prefill = 0, decode = 1, embed = 2 };
+enum class Workload : int { mix = 0, llama = 1 };
+const char* workload_name(Workload workload);
 inline constexpr int kKinds = 3;
 const char* kind_name(Kind kind);
 
@@ -40,6 +46,10 @@ struct ServeBenchOptions {
   double duration_s = 0;           // > 0: each client sends requests until this much time passed
   double mix[kKinds] = {1, 4, 2};  // relative weights of prefill, decode, embed (>= 0, sum > 0)
   bool small = false;              // small sizes (sanitizers, tests)
+  Workload workload = Workload::mix;
+  // The decode sessions' cache dtype (a K/V dtype name of cpuattn.h: f32, bf16, f16, int8, ...);
+  // empty: f32 for the mix, bf16 for llama.
+  std::string kv_dtype;
   std::uint64_t seed = 1;
   int threads = 0;       // threads of the shared Context; 0: the machine's logical CPUs
   int sessions = 0;      // decode sessions in the pool; 0: 2 per client
@@ -61,7 +71,8 @@ struct KindStats {
 struct ServeBenchResult {
   int clients = 0, threads = 0, sessions = 0;
   std::string target, simd;  // what the shared context ran
-  double wall_s = 0;         // first request sent ... last response received
+  std::string workload, kv_dtype;
+  double wall_s = 0;  // first request sent ... last response received
   KindStats kinds[kKinds];
   KindStats all;
   // Checks. `lost`: requests sent without exactly one response; `session_errors`: a session
