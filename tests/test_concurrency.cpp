@@ -109,6 +109,26 @@ std::vector<Job> make_jobs() {
                       }
                     },
                     2 * 19 * dm});
+    jobs.push_back(
+        {"mha paged decode",
+         [=](Context* c, std::vector<float>& out) {
+           // A paged cache per call, two sequences of pages of 4 tokens; then the
+           // pages of both as one paged attention() against the last step's queries.
+           PagedKvCache cache = mha->make_paged_cache(16, 4);
+           const std::vector<std::int64_t> seqs = {cache.add_sequence(), cache.add_sequence()};
+           for (std::int64_t t = 0; t < 19; t += 5) {
+             const std::int64_t n = std::min<std::int64_t>(5, 19 - t);
+             TensorView xs = f32_view(x->data() + t * dm, {2, n, dm});
+             xs.strides = {19 * dm, dm, 1, 0};
+             OutputView os = f32_view(out.data() + t * dm, {2, n, dm});
+             os.strides = {19 * dm, dm, 1, 0};
+             mha->decode(xs, cache, seqs, os, {}, c);
+           }
+           std::vector<float> q(2 * 4 * 1 * 8, 0.5f);
+           attention(f32_view(q.data(), {2, 4, 1, 8}), cache.batch(seqs),
+                     f32_view(out.data() + 2 * 19 * dm, {2, 4, 1, 8}), {}, c);
+         },
+         2 * 19 * dm + 2 * 4 * 8});
   }
   // Additive and multiplicative attention.
   {
@@ -190,6 +210,15 @@ TEST(Concurrency, ThreadsShareAContextWithItsOwnArena) {
   const auto want = serial_results(jobs);
   Context shared(2);
   hammer(jobs, want, &shared, 4, 2);
+}
+
+// More callers than the arena has slots: steps are handed to arena threads that may be waiting
+// inside calls of their own (Context::Impl::run_for_caller).
+TEST(Concurrency, ManyMoreCallersThanThreads) {
+  const auto jobs = make_jobs();
+  const auto want = serial_results(jobs);
+  Context shared(2);
+  hammer(jobs, want, &shared, 16, 3);
 }
 
 TEST(Concurrency, ThreadsShareAContextOnTheirOwnArenas) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "core/problem.h"
 #include "cpuattn/cpuattn.h"
@@ -24,6 +25,21 @@ void write_empty(const Problem& p);
 // must check a whole step before they change anything).
 void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
                  const AttentionOptions& opts);
+
+// A paged call cut into one problem per sequence: those with keys, and those without.
+struct PagedProblems {
+  std::vector<Problem> run, empty;
+};
+
+// The calling thread's lists for paged calls, reused (their capacity kept, so a steady decode
+// step allocates nothing). A caller's lists must not change while its call waits for its tasks:
+// code that may run on another thread than its caller's (Context::Impl::run_for_caller) takes
+// them on the caller's thread first.
+PagedProblems& paged_problems_of_this_thread();
+
+// attention(q, kv, out, opts) over a paged cache on ctx, cut into `lists`.
+void run_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+               const AttentionOptions& opts, Context& ctx, PagedProblems& lists);
 
 // The double-precision reference of one validated problem.
 void run_reference(const Problem& p);

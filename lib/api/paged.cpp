@@ -27,10 +27,7 @@ TensorView first_page(const TensorView& pool, std::int64_t B) {
   return t;
 }
 
-struct Paged {
-  std::vector<Problem> run;    // sequences with keys
-  std::vector<Problem> empty;  // sequences of length 0
-};
+using Paged = PagedProblems;
 
 // The options a paged call takes, and the pools: [num_pages, Hkv, P, d] with the same pages, P a
 // power of two. Returns the options validate() reads: the scales as the view of the first page
@@ -180,25 +177,33 @@ void check_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
   validate_paged(q, kv, out, opts, false, nullptr);
 }
 
+PagedProblems& paged_problems_of_this_thread() {
+  static thread_local PagedProblems lists;
+  return lists;
+}
+
+void run_paged(const TensorView& q, const PagedKv& kv, const OutputView& out,
+               const AttentionOptions& opts, Context& ctx, PagedProblems& lists) {
+  validate_paged(q, kv, out, opts, false, &lists);
+  for (const Problem& p : lists.empty) write_empty(p);
+  run_fast_set(lists.run.data(), lists.run.size(), ctx);
+}
+
 }  // namespace detail
 
 void attention(const TensorView& q, const PagedKv& kv, const OutputView& out,
                const AttentionOptions& opts, Context* context) {
   detail::CallScope scope("attention_paged");
-  // One per thread, reused: a thread is inside at most one attention() at a time (the kernels'
-  // tasks, which a waiting thread may run, never enter the API), and its vectors keep their
-  // capacity, so a decode step of a steady batch allocates nothing.
-  static thread_local detail::Paged paged;
-  detail::validate_paged(q, kv, out, opts, false, &paged);
   Context& ctx = context != nullptr ? *context : default_context();
+  // This thread's lists: a public call runs on its caller's thread, whose stack it owns until the
+  // call returns (a step that an arena thread runs for another caller brings that caller's).
+  detail::run_paged(q, kv, out, opts, ctx, detail::paged_problems_of_this_thread());
   scope.set_dtypes(q.dtype, kv.k_pages.dtype, out.dtype);
   if (scope.active()) {
     scope.record().shapes = "q:" + detail::dims_of(q) + ";k_pages:" + detail::dims_of(kv.k_pages) +
                             ";v_pages:" + detail::dims_of(kv.v_pages) +
                             ";block_table:" + detail::dims_of(kv.block_table);
   }
-  for (const detail::Problem& p : paged.empty) detail::write_empty(p);
-  detail::run_fast_set(paged.run.data(), paged.run.size(), ctx);
   scope.finish(ctx);
 }
 

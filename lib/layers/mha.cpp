@@ -708,29 +708,34 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   }
   check_optional_outputs(opts, detail::extent_of("out", out), "x", x, "x", x);
 
-  m.project_step(x, buf, ctx);
-  {
-    std::int64_t* lengths = buf.ints + 2 * B;
+  // One entry into the arena for the whole step (docs/performance.md#dm-decode-one-entry), with
+  // this (the caller's) thread's paged lists: the step may run on another thread.
+  detail::PagedProblems& lists = detail::paged_problems_of_this_thread();
+  ci.run_for_caller([&] {
+    m.project_step(x, buf, ctx);
+    {
+      std::int64_t* lengths = buf.ints + 2 * B;
+      for (std::int64_t b = 0; b < B; ++b)
+        lengths[b] = cache.length(seqs[static_cast<std::size_t>(b)]);
+      m.prepare_step(buf, B, n, {.per_seq = lengths}, ctx);
+    }
+    // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
+    const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
+      TensorView t = TensorView::contiguous(
+          static_cast<const float*>(base) + b * n * c.kv_heads * d, DType::f32, {c.kv_heads, n, d});
+      t.strides = {d, c.kv_heads * d, 1};
+      return t;
+    };
+    for (std::int64_t b = 0; b < B; ++b) {
+      s.check_input("k (projected from x)", rows(buf.k, b, c.head_dim), s.D);
+      s.check_input("v (projected from x)", rows(buf.v, b, c.value_dim), s.Dv);
+    }
     for (std::int64_t b = 0; b < B; ++b)
-      lengths[b] = cache.length(seqs[static_cast<std::size_t>(b)]);
-    m.prepare_step(buf, B, n, {.per_seq = lengths}, ctx);
-  }
-  // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
-  const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
-    TensorView t = TensorView::contiguous(static_cast<const float*>(base) + b * n * c.kv_heads * d,
-                                          DType::f32, {c.kv_heads, n, d});
-    t.strides = {d, c.kv_heads * d, 1};
-    return t;
-  };
-  for (std::int64_t b = 0; b < B; ++b) {
-    s.check_input("k (projected from x)", rows(buf.k, b, c.head_dim), s.D);
-    s.check_input("v (projected from x)", rows(buf.v, b, c.value_dim), s.Dv);
-  }
-  for (std::int64_t b = 0; b < B; ++b)
-    s.append_checked(s.seq(seqs[static_cast<std::size_t>(b)], "decode"), rows(buf.k, b, c.head_dim),
-                     rows(buf.v, b, c.value_dim));
-  attention(q, cache.batch(seqs), a, opts, &ctx);
-  m.output(buf, B, n, out, ctx);
+      s.append_checked(s.seq(seqs[static_cast<std::size_t>(b)], "decode"),
+                       rows(buf.k, b, c.head_dim), rows(buf.v, b, c.value_dim));
+    detail::run_paged(q, cache.batch(seqs), a, opts, ctx, lists);
+    m.output(buf, B, n, out, ctx);
+  });
   describe(
       scope, [&] { return "x:" + detail::dims_of(x) + ";paged"; }, c, opts, cache.dtype());
   scope.finish(ctx);
