@@ -50,6 +50,31 @@ py::array copy_view(const cpuattn::TensorView& t) {
   return a;
 }
 
+// A read-only NumPy view of a library view of `owner`'s memory (kept alive by the array).
+py::array share_view(const cpuattn::TensorView& t, const py::handle& owner) {
+  const auto item = static_cast<py::ssize_t>(cpuattn::dtype_size(t.dtype));
+  std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.begin() + t.rank), strides;
+  for (int d = 0; d < t.rank; ++d) strides.push_back(t.strides[d] * item);
+  py::array a(numpy_dtype(t.dtype), shape, strides, t.data, owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+// The cache's keys (or values, or their scales) as a copy, or with copy=False as a view of the
+// cache's own memory: only a fixed cache's memory stays where it is (a growable one moves when
+// it grows), so only a fixed cache gives views.
+py::object cache_part(PyKvCache& c, const py::handle& self, bool copy, const char* what,
+                      const std::optional<cpuattn::TensorView>& t) {
+  if (!t) return py::none();
+  if (copy) return copy_view(*t);
+  if (c.cache.growable()) {
+    fail(std::string(what) +
+         "(copy=False): a growable cache moves its memory when it grows, so it gives no views; "
+         "make the cache with growable=False, or take a copy");
+  }
+  return share_view(*t, self);
+}
+
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
@@ -114,36 +139,41 @@ void bind_kv_cache(py::module_& m) {
           "n"_a)
       .def(
           "keys",
-          [](PyKvCache& c) {
+          [](py::object self, bool copy) {
+            PyKvCache& c = self.cast<PyKvCache&>();
             std::lock_guard<std::mutex> lock(c.mu);
-            return copy_view(c.cache.keys());
+            return cache_part(c, self, copy, "keys", c.cache.keys());
           },
-          "A copy of the cached keys [batch, kv_heads, length, head_dim] in the stored dtype "
-          "(bf16 as uint16).")
+          "The cached keys [batch, kv_heads, length, head_dim] in the stored dtype (bf16 as "
+          "uint16): a copy, or with copy=False a read-only view of the cache's memory (fixed "
+          "caches only; it shows later changes to those tokens, e.g. truncate then append).",
+          "copy"_a = true)
       .def(
           "values",
-          [](PyKvCache& c) {
+          [](py::object self, bool copy) {
+            PyKvCache& c = self.cast<PyKvCache&>();
             std::lock_guard<std::mutex> lock(c.mu);
-            return copy_view(c.cache.values());
+            return cache_part(c, self, copy, "values", c.cache.values());
           },
-          "A copy of the cached values [batch, kv_heads, length, value_dim].")
+          "The cached values [batch, kv_heads, length, value_dim], as keys().", "copy"_a = true)
       .def(
           "key_scales",
-          [](PyKvCache& c) -> py::object {
+          [](py::object self, bool copy) {
+            PyKvCache& c = self.cast<PyKvCache&>();
             std::lock_guard<std::mutex> lock(c.mu);
-            const auto s = c.cache.key_scales();
-            return s ? py::object(copy_view(*s)) : py::object(py::none());
+            return cache_part(c, self, copy, "key_scales", c.cache.key_scales());
           },
-          "A copy of the keys' scales of a scaled dtype (int8): float32 [batch, kv_heads, length] "
-          "per token, or [kv_heads] static; None for other dtypes.")
+          "The keys' scales of a scaled dtype (int8): float32 [batch, kv_heads, length] per "
+          "token, or [kv_heads] static; None for other dtypes. copy as for keys().",
+          "copy"_a = true)
       .def(
           "value_scales",
-          [](PyKvCache& c) -> py::object {
+          [](py::object self, bool copy) {
+            PyKvCache& c = self.cast<PyKvCache&>();
             std::lock_guard<std::mutex> lock(c.mu);
-            const auto s = c.cache.value_scales();
-            return s ? py::object(copy_view(*s)) : py::object(py::none());
+            return cache_part(c, self, copy, "value_scales", c.cache.value_scales());
           },
-          "The values' scales, as key_scales.")
+          "The values' scales, as key_scales.", "copy"_a = true)
       .def("__repr__", [](PyKvCache& c) {
         return "cpuattn.KvCache(batch=" + std::to_string(c.cache.batch()) +
                ", kv_heads=" + std::to_string(c.cache.kv_heads()) +

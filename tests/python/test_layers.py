@@ -109,3 +109,36 @@ def test_mha_errors():
     with pytest.raises(ValueError, match="^cpuattn: .*wq"):
         cpuattn.MultiHeadAttention(48, 6, p["wq"][:, :-1], p["wk"], p["wv"], p["wo"],
                                    kv_heads=2, head_dim=8, value_dim=12)
+
+
+def test_kv_cache_views_share_the_cache_memory():
+    rng = np.random.default_rng(31)
+    B, Hkv, D, Dv = 2, 2, 16, 8
+    for dtype in ("float32", "bf16", "int8"):
+        cache = cpuattn.KvCache(B, Hkv, D, Dv, capacity=12, dtype=dtype)
+        k = rng.standard_normal((B, Hkv, 5, D)).astype(np.float32)
+        v = rng.standard_normal((B, Hkv, 5, Dv)).astype(np.float32)
+        cache.append(k, v)
+        keys, values = cache.keys(copy=False), cache.values(copy=False)
+        # The same bits as the copies, read in place: strided over the capacity, read-only.
+        np.testing.assert_array_equal(keys, cache.keys())
+        np.testing.assert_array_equal(values, cache.values())
+        assert keys.shape == (B, Hkv, 5, D) and not keys.flags.writeable
+        assert keys.strides[1] == 12 * D * keys.itemsize
+        assert not np.shares_memory(cache.keys(), keys)
+        if dtype == "int8":
+            np.testing.assert_array_equal(cache.key_scales(copy=False), cache.key_scales())
+        else:
+            assert cache.key_scales(copy=False) is None
+        # A view sees what later happens to its tokens, and outlives the name of its cache.
+        before = keys.copy()
+        cache.truncate(3)
+        cache.append(k[:, :, :2] + 1, v[:, :, :2])
+        np.testing.assert_array_equal(keys[:, :, :3], before[:, :, :3])
+        np.testing.assert_array_equal(keys[:, :, 3:], cache.keys()[:, :, 3:])
+        assert not np.array_equal(keys[:, :, 3:], before[:, :, 3:])
+        del cache
+        assert np.isfinite(keys.astype(np.float32)).all()
+    grow = cpuattn.KvCache(1, 1, 4, capacity=2, growable=True)
+    with pytest.raises(ValueError, match="growable cache moves its memory"):
+        grow.keys(copy=False)
