@@ -30,18 +30,21 @@ void run_gemm(GemmProblem& g, Context& ctx) {
     // micro-panel of rows (decoding) takes the matrix-vector path, which streams B once.
     const std::int64_t threads = tbb::this_task_arena::max_concurrency();
     const std::int64_t want = 4 * threads;
+    if (g.p_end < 0) g.p_end = g.b->panels;
+    const std::int64_t panels = g.p_end - g.p_begin;
     g.row_block = std::min((g.M + mr - 1) / mr, kGemmRowPanels) * mr;
     g.row_tasks = (g.M + g.row_block - 1) / g.row_block;
-    g.panel_block = g.b->panels;
-    while (g.row_tasks * ((g.b->panels + g.panel_block - 1) / g.panel_block) < want &&
+    g.panel_block = panels;
+    while (g.row_tasks * ((panels + g.panel_block - 1) / g.panel_block) < want &&
            g.panel_block > 1) {
       g.panel_block = (g.panel_block + 1) / 2;
     }
-    g.panel_tasks = (g.b->panels + g.panel_block - 1) / g.panel_block;
+    g.panel_tasks = (panels + g.panel_block - 1) / g.panel_block;
     const auto task = g.M <= mr ? gk.gemv_task : gk.task;
     if (rec != nullptr) {
       const double M = static_cast<double>(g.M), K = static_cast<double>(g.b->K),
-                   N = static_cast<double>(g.b->N);
+                   N = static_cast<double>(std::min(g.b->N - g.p_begin * PackedMatrix::kPanel,
+                                                    panels * PackedMatrix::kPanel));
       rec->add_work(2 * M * K * N,
                     4 * (M * K + M * N) + static_cast<double>(dtype_size(g.b->dtype)) * K * N);
       rec->add_tasks(g.row_tasks * g.panel_tasks);
@@ -91,8 +94,13 @@ Linear::Linear(std::shared_ptr<const detail::PackedMatrix> m) : m_(std::move(m))
 Linear::Linear(const TensorView& weight, const std::optional<TensorView>& bias)
     : Linear(concat({weight}, {bias})) {}
 
-Linear Linear::concat(const std::vector<TensorView>& weights,
-                      const std::vector<std::optional<TensorView>>& biases) {
+namespace detail {
+
+std::shared_ptr<const PackedMatrix> pack_parts(const std::vector<TensorView>& weights,
+                                               const std::vector<std::optional<TensorView>>& biases,
+                                               bool aligned) {
+  constexpr std::int64_t P = PackedMatrix::kPanel;
+  const auto part_width = [&](std::int64_t n) { return aligned ? (n + P - 1) / P * P : n; };
   if (weights.empty()) fail("Linear: no weight matrix given");
   if (!biases.empty() && biases.size() != weights.size()) {
     fail("Linear: " + std::to_string(biases.size()) + " biases for " +
@@ -129,10 +137,9 @@ Linear Linear::concat(const std::vector<TensorView>& weights,
       }
       any_bias = true;
     }
-    N += weights[w].shape[1];
+    N += part_width(weights[w].shape[1]);
   }
-  auto m = std::make_shared<detail::PackedMatrix>();
-  constexpr std::int64_t P = detail::PackedMatrix::kPanel;
+  auto m = std::make_shared<PackedMatrix>();
   m->K = K;
   m->N = N;
   m->panels = (N + P - 1) / P;
@@ -167,9 +174,30 @@ Linear Linear::concat(const std::vector<TensorView>& weights,
       const auto* b = static_cast<const float*>(biases[w]->data);
       for (std::int64_t n = 0; n < wt.shape[1]; ++n) bias[col0 + n] = b[n * biases[w]->strides[0]];
     }
-    col0 += wt.shape[1];
+    col0 += part_width(wt.shape[1]);
   }
-  return Linear(std::move(m));
+  return m;
+}
+
+void run_linear_panels(const PackedMatrix& b, const TensorView& x, float* y, std::int64_t y_stride,
+                       std::int64_t p_begin, std::int64_t p_end, Context& ctx) {
+  GemmProblem g;
+  g.a = rows_of(x);
+  g.M = rows_count(x);
+  g.c.data = y;
+  g.c.dims[2] = g.M;
+  g.c.strides[2] = y_stride;
+  g.b = &b;
+  g.p_begin = p_begin;
+  g.p_end = p_end;
+  run_gemm(g, ctx);
+}
+
+}  // namespace detail
+
+Linear Linear::concat(const std::vector<TensorView>& weights,
+                      const std::vector<std::optional<TensorView>>& biases) {
+  return Linear(detail::pack_parts(weights, biases, false));
 }
 
 std::int64_t Linear::in_features() const { return m_->K; }

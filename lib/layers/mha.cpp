@@ -1,4 +1,5 @@
-// MultiHeadAttention and KvCache: projections by Linear, heads by strides, the fused kernel.
+// MultiHeadAttention and KvCache: Q, K and V projected by one packed matrix, heads by strides,
+// the fused kernel.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "core/dtypes.h"
 #include "core/problem.h"
 #include "cpuattn/layers.h"
+#include "kernels/gemm/gemm.h"
 #include "layers/cache_rows.h"
 #include "layers/paged_cache.h"
 #include "layers/qk_prep.h"
@@ -354,34 +356,49 @@ std::optional<TensorView> KvCache::value_scales() const {
 
 struct MultiHeadAttention::Impl {
   MhaConfig cfg;
-  Linear wq, wk, wv, wo;
+  // The Q, K and V projections packed as ONE matrix, each part starting on a panel: one product
+  // over x gives all three (self-attention, decoding: x streams once, and a decode step's weights
+  // in one pass), a panel range gives Q alone or K and V (cross-attention). A projected row holds
+  // Q at column 0, K at k_col, V at v_col, `width` columns in all (zero columns between parts).
+  std::shared_ptr<const detail::PackedMatrix> qkv;
+  std::int64_t q_panels, k_col, v_col, width;
+  Linear wo;
   detail::QkPrep prep;  // QK-norm and RoPE of the projected rows
 
-  // Per-call intermediates in the context's per-thread layer scratch:
-  // Q [rows_q, H*D], K [rows_kv, Hkv*D], V [rows_kv, Hkv*Dv], A (heads' outputs) [rows_q, H*Dv].
-  // `ints`: that many int64 slots after them (a paged step's per-sequence lengths and tables).
+  // Per-call intermediates in the context's per-thread layer scratch: projected rows of `stride`
+  // (= width) floats, Q at q, K at k, V at v (one region for self-attention, where the rows of Q
+  // and K/V are the same; a second for cross-attention's K/V rows), and A (the heads' outputs)
+  // [rows_q, H*Dv]. `ints`: that many int64 slots after them (a paged step's lengths and tables).
   struct Buffers {
     float *q, *k, *v, *a;
+    std::int64_t stride;
     std::int64_t* ints;
   };
   // The caller holds a Lease on ctx's layer scratch of this thread for as long as it uses these.
-  Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv,
+  Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv, bool self,
                   std::int64_t ints = 0) const {
     const auto pad = [](std::int64_t n) { return (n + 15) / 16 * 16; };
-    const std::int64_t nq = pad(rows_q * cfg.heads * cfg.head_dim);
-    const std::int64_t nk = pad(rows_kv * cfg.kv_heads * cfg.head_dim);
-    const std::int64_t nv = pad(rows_kv * cfg.kv_heads * cfg.value_dim);
+    const std::int64_t nq = pad(rows_q * width), nkv = self ? 0 : pad(rows_kv * width);
     const std::int64_t na = pad(rows_q * cfg.heads * cfg.value_dim);
     float* base = detail::ContextAccess::impl(ctx).layer_scratch.local().get(
-        static_cast<std::size_t>(nq + nk + nv + na + 2 * ints));
-    return {base, base + nq, base + nq + nk, base + nq + nk + nv,
-            reinterpret_cast<std::int64_t*>(base + nq + nk + nv + na)};
+        static_cast<std::size_t>(nq + nkv + na + 2 * ints));
+    float* kv = self ? base : base + nq;
+    return {base,       kv + k_col,
+            kv + v_col, base + nq + nkv,
+            width,      reinterpret_cast<std::int64_t*>(base + nq + nkv + na)};
   }
 
-  // A [B, L, heads, width] buffer as the kernel's logical [B, heads, L, width].
+  // Rows [B, L] of `stride` floats holding `heads` x `hw` values from p on, as the kernel's logical
+  // [B, heads, L, hw].
   static OutputView heads_view(float* p, std::int64_t B, std::int64_t L, std::int64_t heads,
-                               std::int64_t width) {
-    return OutputView::blhd(p, DType::f32, B, L, heads, width);
+                               std::int64_t hw, std::int64_t stride) {
+    OutputView v = OutputView::contiguous(p, DType::f32, {B, heads, L, hw});
+    v.strides = {L * stride, hw, stride, 1};
+    return v;
+  }
+  // The heads' outputs A, [B, L, heads, Dv] rows.
+  OutputView a_view(const Buffers& buf, std::int64_t B, std::int64_t L) const {
+    return OutputView::blhd(buf.a, DType::f32, B, L, cfg.heads, cfg.value_dim);
   }
 
   void check_io(const char* xname, const TensorView& x, const char* oname, const TensorView& out,
@@ -417,19 +434,16 @@ struct MultiHeadAttention::Impl {
     return o;
   }
 
-  // Q, K and V of the n new tokens of x [B, n, d_model] into buf.
+  // Q, K and V of the n new tokens of x [B, n, d_model] into buf: one product.
   void project_step(const TensorView& x, const Buffers& buf, Context& ctx) const {
-    const std::int64_t B = x.shape[0], n = x.shape[1];
-    wq.forward(x, f32_view(buf.q, {B, n, cfg.heads * cfg.head_dim}), &ctx);
-    wk.forward(x, f32_view(buf.k, {B, n, cfg.kv_heads * cfg.head_dim}), &ctx);
-    wv.forward(x, f32_view(buf.v, {B, n, cfg.kv_heads * cfg.value_dim}), &ctx);
+    detail::run_linear_panels(*qkv, x, buf.q, buf.stride, 0, qkv->panels, ctx);
   }
 
   // QK-norm and RoPE of the n new tokens' rows in buf (project_step's), at positions `at`.
   void prepare_step(const Buffers& buf, std::int64_t B, std::int64_t n,
                     detail::QkPrep::Positions at, Context& ctx) const {
-    prep.apply(detail::HeadRows{buf.q, cfg.heads * cfg.head_dim, cfg.heads},
-               detail::HeadRows{buf.k, cfg.kv_heads * cfg.head_dim, cfg.kv_heads}, B, n, at, ctx);
+    prep.apply(detail::HeadRows{buf.q, buf.stride, cfg.heads},
+               detail::HeadRows{buf.k, buf.stride, cfg.kv_heads}, B, n, at, ctx);
   }
 
   void forward(const TensorView& xq, const TensorView& xkv, const OutputView& out,
@@ -495,9 +509,21 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, const MhaWeights
   expect_bias("bk", w.bk, nk);
   expect_bias("bv", w.bv, nv);
   expect_bias("bo", w.bo, c.d_model);
+  for (const auto& [name, t] : {std::pair{"wk", &w.wk}, std::pair{"wv", &w.wv}}) {
+    if (t->dtype != w.wq.dtype) {
+      fail(std::string(name) + " has dtype " + dtype_name(t->dtype) + " but wq has " +
+           dtype_name(w.wq.dtype) +
+           " (the Q, K and V projections are packed as one matrix: one dtype)");
+    }
+  }
   detail::QkPrep prep(c, w);
-  impl_ = std::make_unique<Impl>(Impl{c, Linear(w.wq, w.bq), Linear(w.wk, w.bk), Linear(w.wv, w.bv),
-                                      Linear(w.wo, w.bo), std::move(prep)});
+  constexpr std::int64_t P = detail::PackedMatrix::kPanel;
+  const std::int64_t q_panels = (nq + P - 1) / P, k_panels = (nk + P - 1) / P;
+  auto qkv = detail::pack_parts({w.wq, w.wk, w.wv}, {w.bq, w.bk, w.bv}, true);
+  const std::int64_t width = qkv->panels * P;
+  impl_ = std::make_unique<Impl>(Impl{c, std::move(qkv), q_panels, q_panels * P,
+                                      (q_panels + k_panels) * P, width, Linear(w.wo, w.bo),
+                                      std::move(prep)});
 }
 
 namespace {
@@ -575,26 +601,25 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
       "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Buffers buf = buffers(ctx, B * Lq, B * Lk);
-  const OutputView q = heads_view(buf.q, B, Lq, c.heads, c.head_dim);
-  const OutputView k = heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim);
-  const OutputView v = heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim);
-  const OutputView a = heads_view(buf.a, B, Lq, c.heads, c.value_dim);
+  const Buffers buf = buffers(ctx, B * Lq, B * Lk, self);
+  const OutputView q = heads_view(buf.q, B, Lq, c.heads, c.head_dim, buf.stride);
+  const OutputView k = heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim, buf.stride);
+  const OutputView v = heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim, buf.stride);
+  const OutputView a = a_view(buf, B, Lq);
   // Every option (mask, key lengths, lse, weights) is checked against the shapes before anything
   // is computed, so a bad option leaves `out` untouched.
   const detail::Problem problem = detail::validate(q, k, v, a, opts, false);
   check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
 
-  wq.forward(xq, f32_view(buf.q, {B, Lq, c.heads * c.head_dim}), &ctx);
-  wk.forward(xkv, f32_view(buf.k, {B, Lk, c.kv_heads * c.head_dim}), &ctx);
-  wv.forward(xkv, f32_view(buf.v, {B, Lk, c.kv_heads * c.value_dim}), &ctx);
   if (self) {
+    project_step(xq, buf, ctx);
     prepare_step(buf, B, Lq, {}, ctx);
-  } else {  // QK-norm only (no rope: forward_cross refuses it); Q and K have their own lengths
-    prep.apply(detail::HeadRows{buf.q, c.heads * c.head_dim, c.heads}, std::nullopt, B, Lq, {},
-               ctx);
-    prep.apply(std::nullopt, detail::HeadRows{buf.k, c.kv_heads * c.head_dim, c.kv_heads}, B, Lk,
-               {}, ctx);
+  } else {  // Q from xq, K and V from xkv: the two panel ranges of the fused matrix
+    detail::run_linear_panels(*qkv, xq, buf.q, buf.stride, 0, q_panels, ctx);
+    detail::run_linear_panels(*qkv, xkv, buf.k, buf.stride, q_panels, qkv->panels, ctx);
+    // QK-norm only (no rope: forward_cross refuses it); Q and K have their own lengths
+    prep.apply(detail::HeadRows{buf.q, buf.stride, c.heads}, std::nullopt, B, Lq, {}, ctx);
+    prep.apply(std::nullopt, detail::HeadRows{buf.k, buf.stride, c.kv_heads}, B, Lk, {}, ctx);
   }
   detail::run_attention(problem, ctx);
   output(buf, B, Lq, out, ctx);
@@ -623,9 +648,9 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n);
-  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
-  const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true);
+  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim, buf.stride);
+  const OutputView a = m.a_view(buf, B, n);
   // Validated against the cache as it will be once this step's tokens are stored (the views
   // cache.keys() / values() return then): once, before anything changes.
   opts.k_scales = s.scales(dst, false, len);
@@ -638,8 +663,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   ci.run_for_caller([&] {
     m.project_step(x, buf, ctx);
     m.prepare_step(buf, B, n, {.first = s.length}, ctx);
-    const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim);
-    const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim);
+    const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim, buf.stride);
+    const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim, buf.stride);
     s.check_storable(new_k, "k (projected from x)");
     s.check_storable(new_v, "v (projected from x)");
     s.store(new_k, new_v, dst);
@@ -686,9 +711,9 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
   // Scratch ints: B zero lengths, B zero table entries (int32, in B int64 slots), B positions.
-  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, 3 * B);
-  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim);
-  const OutputView a = Impl::heads_view(buf.a, B, n, c.heads, c.value_dim);
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true, 3 * B);
+  const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim, buf.stride);
+  const OutputView a = m.a_view(buf, B, n);
   // The options against the pool, before anything changes: every sequence as if empty (lengths
   // do not enter the options' checks), in a table of this call's own, so that a failed step
   // leaves the cache's batch() table and lengths (which a caller may hold) as they were.
@@ -719,11 +744,12 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
         lengths[b] = cache.length(seqs[static_cast<std::size_t>(b)]);
       m.prepare_step(buf, B, n, {.per_seq = lengths}, ctx);
     }
-    // Sequence b's new tokens as [Hkv, n, d] views of the projections' [B, n, Hkv, d] rows.
+    // Sequence b's new tokens as [Hkv, n, d] views of the projected rows ([B, n] rows of
+    // buf.stride floats, K or V as [Hkv, d] in each).
     const auto rows = [&](const void* base, std::int64_t b, std::int64_t d) {
-      TensorView t = TensorView::contiguous(
-          static_cast<const float*>(base) + b * n * c.kv_heads * d, DType::f32, {c.kv_heads, n, d});
-      t.strides = {d, c.kv_heads * d, 1};
+      TensorView t = TensorView::contiguous(static_cast<const float*>(base) + b * n * buf.stride,
+                                            DType::f32, {c.kv_heads, n, d});
+      t.strides = {d, buf.stride, 1};
       return t;
     };
     for (std::int64_t b = 0; b < B; ++b) {

@@ -128,8 +128,8 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   const std::int64_t K = B.K;
   const std::int64_t row0 = (t / g.panel_tasks) * g.row_block;
   const std::int64_t rows = std::min(g.row_block, g.M - row0);
-  const std::int64_t p0 = (t % g.panel_tasks) * g.panel_block;
-  const std::int64_t p1 = std::min(B.panels, p0 + g.panel_block);
+  const std::int64_t p0 = g.p_begin + (t % g.panel_tasks) * g.panel_block;
+  const std::int64_t p1 = std::min(g.p_end, p0 + g.panel_block);
   const std::int64_t micro = (rows + MR - 1) / MR;
 
   // Ap: micro-panels [micro][K][MR]; then one tile [MR][P] for the ragged last panel.
@@ -166,7 +166,7 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
         // Rows of B past this block's first, to the end of the matrix (the panels are adjacent):
         // prefetched by the first micro-panel only, which brings the block into L1 for the rest.
         const std::int64_t ahead = i == 0 ? (B.panels - p) * K - k0 : 0;
-        for (int r = 0; r < R; ++r) crow[r] = cbase[i * MR + r] + p * P;
+        for (int r = 0; r < R; ++r) crow[r] = cbase[i * MR + r] + (p - g.p_begin) * P;
         // One switch per micro-kernel call: the panel's element type.
         const auto rows_of_b = [&](float* const* out) {
           if (B.dtype == DType::bf16) {

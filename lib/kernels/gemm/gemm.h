@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "core/inline.h"
 #include "core/scratch.h"
@@ -62,6 +64,9 @@ struct GemmProblem {
   std::int64_t row_block = 0;    // rows per task, a multiple of the micro-kernel's rows
   std::int64_t panel_block = 0;  // panels per task
   std::int64_t row_tasks = 0, panel_tasks = 0;
+  // The panels of B computed, [p_begin, p_end) (p_end < 0: to the last); C's column 0 is panel
+  // p_begin's first (a part of a fused matrix, kernels/gemm/gemm.h pack_parts).
+  std::int64_t p_begin = 0, p_end = -1;
 };
 
 struct GemmKernels {
@@ -76,6 +81,19 @@ const GemmKernels& gemm_kernels(const Choice& choice);
 
 // Runs C = A B (+ bias) with the context's threads on the kernels of its target.
 void run_gemm(GemmProblem& g, Context& ctx);
+
+// B packed from `weights` ([K, N_i] each, f32 or bf16 alike; biases optional, one per weight)
+// side by side. With `aligned`, each part starts on a panel boundary (zero columns pad the part
+// before it): a part is then a panel range that run_linear_panels computes alone. Throws Error
+// naming the argument on a bad weight or bias.
+std::shared_ptr<const PackedMatrix> pack_parts(const std::vector<TensorView>& weights,
+                                               const std::vector<std::optional<TensorView>>& biases,
+                                               bool aligned);
+
+// y = x B over panels [p_begin, p_end) of B: x [.., K] (rank 2..4, validated by the caller), y
+// rows of y_stride floats, one per row of x, receiving (p_end - p_begin) * kPanel columns.
+void run_linear_panels(const PackedMatrix& b, const TensorView& x, float* y, std::int64_t y_stride,
+                       std::int64_t p_begin, std::int64_t p_end, Context& ctx);
 
 }  // namespace cpuattn::detail
 

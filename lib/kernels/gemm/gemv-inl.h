@@ -104,9 +104,10 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
 
 // Panels [p, p + np) for R rows, np <= GemvPanels(R): the full groups, then the rest one panel
 // at a time.
+// C's column 0 is panel c0's.
 template <class O, int R, class TB>
 void GemvRowsOf(const float* const* a, const detail::PackedMatrix& B, const TB* b0, std::int64_t p0,
-                std::int64_t p1, float* const* cbase, float* tile) {
+                std::int64_t p1, std::int64_t c0, float* const* cbase, float* tile) {
   constexpr int NP = GemvPanels(R, O::kLanes);
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   const std::int64_t K = B.K;
@@ -114,7 +115,7 @@ void GemvRowsOf(const float* const* a, const detail::PackedMatrix& B, const TB* 
   std::int64_t p = p0;
   const auto run = [&](auto np_tag, std::int64_t p) {
     constexpr int np = decltype(np_tag)::value;
-    for (int r = 0; r < R; ++r) c[r] = cbase[r] + p * P;
+    for (int r = 0; r < R; ++r) c[r] = cbase[r] + (p - c0) * P;
     const float* bias = B.has_bias ? B.bias.data() + p * P : nullptr;
     const std::int64_t cols = std::min(P, B.N - (p + np - 1) * P);
     GemvTile<O, R, np, TB>(a, b0 + p * K * P, K, c, bias, cols, tile);
@@ -128,8 +129,8 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   static_assert(simd::VectorOps<O>);
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   const detail::PackedMatrix& B = *g.b;
-  const std::int64_t p0 = (t % g.panel_tasks) * g.panel_block;
-  const std::int64_t p1 = std::min(B.panels, p0 + g.panel_block);
+  const std::int64_t p0 = g.p_begin + (t % g.panel_tasks) * g.panel_block;
+  const std::int64_t p1 = std::min(g.p_end, p0 + g.panel_block);
   float* tile = scratch.get(static_cast<std::size_t>(P));
   const float* a[O::kGemmRows];
   float* c[O::kGemmRows];
@@ -140,10 +141,10 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   const auto rows = [&](auto r_tag) {
     constexpr int R = decltype(r_tag)::value;
     if (B.dtype == DType::bf16) {
-      GemvRowsOf<O, R>(a, B, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)), p0, p1, c,
-                       tile);
+      GemvRowsOf<O, R>(a, B, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)), p0, p1,
+                       g.p_begin, c, tile);
     } else {
-      GemvRowsOf<O, R>(a, B, B.panel(0), p0, p1, c, tile);
+      GemvRowsOf<O, R>(a, B, B.panel(0), p0, p1, g.p_begin, c, tile);
     }
   };
   static_assert(O::kGemmRows <= 12, "extend the switch below");
