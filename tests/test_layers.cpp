@@ -189,6 +189,17 @@ TEST(MhaDecode, IncrementalEqualsFullCausalPass) {
   }
 }
 
+// wq, wk and wv are packed as one matrix: their dtypes must agree, and the error names them.
+TEST(Mha, QkvWeightsOfMixedDtypesAreAnErrorNamingThem) {
+  const MhaSetup s(MhaCase{16, 2, 1, 8, 0, false}, 9);
+  std::vector<std::uint16_t> wk16(s.wk.size());
+  for (std::size_t i = 0; i < wk16.size(); ++i) wk16[i] = to_bf16(s.wk[i]);
+  MhaWeights w{f32_view(s.wq.data(), {16, 16}),
+               TensorView::contiguous(wk16.data(), DType::bf16, {16, 8}),
+               f32_view(s.wv.data(), {16, 8}), f32_view(s.wo.data(), {16, 16})};
+  expect_error_mentioning([&] { MultiHeadAttention(s.cfg, w); }, "wk has dtype bfloat16 but wq");
+}
+
 TEST(MhaDecode, FullFixedCacheIsAnErrorThatChangesNothing) {
   const MhaSetup s(MhaCase{16, 2, 1, 8, 0, false}, 5);
   const MultiHeadAttention layer = s.layer();
