@@ -95,18 +95,24 @@ std::vector<Job> make_jobs() {
                                          f32_view(out.data(), {2, 19, dm}), {}, c);
                     },
                     2 * 19 * dm});
+    // The 19 tokens of x in steps of up to 5: step(x rows, out rows) for each.
+    const auto in_steps = [=](std::vector<float>& out, const auto& step) {
+      for (std::int64_t t = 0; t < 19; t += 5) {
+        const std::int64_t n = std::min<std::int64_t>(5, 19 - t);
+        TensorView xs = f32_view(x->data() + t * dm, {2, n, dm});
+        xs.strides = {19 * dm, dm, 1, 0};
+        OutputView os = f32_view(out.data() + t * dm, {2, n, dm});
+        os.strides = {19 * dm, dm, 1, 0};
+        step(xs, os);
+      }
+    };
     jobs.push_back({"mha decode",
                     [=](Context* c, std::vector<float>& out) {
                       // A cache per call (per thread): caches are not shared between threads.
                       KvCache cache = mha->make_cache(2, 4, /*growable=*/true);
-                      for (std::int64_t t = 0; t < 19; t += 5) {
-                        const std::int64_t n = std::min<std::int64_t>(5, 19 - t);
-                        TensorView xs = f32_view(x->data() + t * dm, {2, n, dm});
-                        xs.strides = {19 * dm, dm, 1, 0};
-                        OutputView os = f32_view(out.data() + t * dm, {2, n, dm});
-                        os.strides = {19 * dm, dm, 1, 0};
+                      in_steps(out, [&](const TensorView& xs, const OutputView& os) {
                         mha->decode(xs, cache, os, {}, c);
-                      }
+                      });
                     },
                     2 * 19 * dm});
     jobs.push_back(
@@ -116,14 +122,9 @@ std::vector<Job> make_jobs() {
            // pages of both as one paged attention() against the last step's queries.
            PagedKvCache cache = mha->make_paged_cache(16, 4);
            const std::vector<std::int64_t> seqs = {cache.add_sequence(), cache.add_sequence()};
-           for (std::int64_t t = 0; t < 19; t += 5) {
-             const std::int64_t n = std::min<std::int64_t>(5, 19 - t);
-             TensorView xs = f32_view(x->data() + t * dm, {2, n, dm});
-             xs.strides = {19 * dm, dm, 1, 0};
-             OutputView os = f32_view(out.data() + t * dm, {2, n, dm});
-             os.strides = {19 * dm, dm, 1, 0};
+           in_steps(out, [&](const TensorView& xs, const OutputView& os) {
              mha->decode(xs, cache, seqs, os, {}, c);
-           }
+           });
            std::vector<float> q(2 * 4 * 1 * 8, 0.5f);
            attention(f32_view(q.data(), {2, 4, 1, 8}), cache.batch(seqs),
                      f32_view(out.data() + 2 * 19 * dm, {2, 4, 1, 8}), {}, c);

@@ -68,17 +68,9 @@ struct Context::Impl {
     detail::Scratch& call = call_scratch_now();
     detail::Recorder* rec = detail::current_recorder();
     run([&] {
-      CallerState& state = caller_state();
-      const CallerState saved = state;
-      state = {this, &call};
+      const CallerScope caller(*this, call);
       const detail::CurrentRecorder current(rec);
-      try {
-        f();
-      } catch (...) {
-        state = saved;
-        throw;
-      }
-      state = saved;
+      f();
     });
   }
 
@@ -98,6 +90,17 @@ struct Context::Impl {
     static thread_local CallerState state;
     return state;
   }
+  // Makes `call` this thread's call scratch of `impl` for the life of the object (restored also
+  // when f throws).
+  struct CallerScope {
+    CallerState saved;
+    CallerScope(const Impl& impl, detail::Scratch& call) : saved(caller_state()) {
+      caller_state() = {&impl, &call};
+    }
+    ~CallerScope() { caller_state() = saved; }
+    CallerScope(const CallerScope&) = delete;
+    CallerScope& operator=(const CallerScope&) = delete;
+  };
 };
 
 namespace detail {
