@@ -62,9 +62,9 @@ void PvRuns(const detail::Problem& p, int rows, std::int64_t nk, float* pr, std:
   auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
   const std::int64_t ncols = (nk + 63) / 64 * 64;
   if (p.v.dtype == DType::i8) {
-    VnniI8<Ops>::PvBlock(p, 0, 0, 0, nk, 0, rows, pr, p_stride, pb, acc, acc_stride);
+    VnniI8<Ops>::PvBlock(p, 0, 0, 0, nk, 0, rows, pr, p_stride, pb, acc, acc_stride, {});
   } else {
-    Bf16Stream<Ops>::PvBlock(p, 0, 0, 0, nk, ncols, 0, rows, pr, p_stride, pb, acc, acc_stride);
+    Bf16Stream<Ops>::PvBlock(p, 0, 0, 0, nk, ncols, 0, rows, pr, p_stride, pb, acc, acc_stride, {});
   }
   Bf16Stream<Ops>::UnpermuteAcc(acc, rows, acc_stride, p.Dv);
 }

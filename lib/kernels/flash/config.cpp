@@ -73,13 +73,17 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 }
 
 // The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
-// and V are bf16 on the native unit). Streamed blocks read K/V in place: K in four interleaved
-// runs for pages (their keys lie in different pages), and for contiguous K of 2-byte or f32
-// elements with several rows; int8 K and one-row blocks keep one stream (bound by their
-// instructions, they lost with runs). V is read in place where its rows are whole vectors. On the
-// native unit, blocks of several rows per K/V head run bf16 K on the hi/lo dot and bf16 or int8
-// V (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units
-// (bound by memory, the native ones were slower there).
+// and V are bf16 on the native unit). Streamed blocks read K/V in place. Contiguous K/V with
+// reduced-precision V read in place split the two streams between the phases (k_ahead): the
+// scores prefetch V beside K, P V the next block's K, and K goes as one stream, four keys at a
+// time (docs/performance.md#dm-k-ahead-in-pv). Otherwise K goes in four interleaved runs for
+// pages (their keys lie in different pages) and for contiguous K of 2-byte or f32 elements with
+// several rows, and as one stream for 1-byte K and one-row blocks (bound by their instructions,
+// they lost with runs).
+// V is read in place where its rows are whole vectors. On the native unit, blocks of several rows
+// per K/V head run bf16 K on the hi/lo dot and bf16 or int8 V (Dv whole groups of 32) on the
+// native P V runs; one row per K/V head keeps the f32 units (bound by memory, the native ones
+// were slower there).
 BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes) {
   const bool native = unit == FlashUnit::avx512_bf16;
   if (kind == BlockKind::tiled) {
@@ -92,8 +96,6 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
   BlockPath b;
   b.q = native && few && native_dot(p.k.dtype) == NativeDot::bf16_pairs ? QUnit::f32_hilo
                                                                         : QUnit::f32;
-  b.score = p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1) ? ScoreUnit::dot_runs
-                                                                     : ScoreUnit::dot;
   b.kv = p.Dv % lanes == 0 ? KvUnit::in_place : KvUnit::v_packed;
   const NativeDot v_dot = native_dot(p.v.dtype);
   if (native && few && p.Dv % 32 == 0 && v_dot == NativeDot::bf16_pairs) {
@@ -103,6 +105,9 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
   }
+  b.k_ahead = p.pages == nullptr && p.v.dtype != DType::f32 && b.kv == KvUnit::in_place;
+  const bool runs = p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1 && !b.k_ahead);
+  b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
   return b;
 }
 
@@ -172,7 +177,8 @@ std::string path_name(const FlashPath& path) {
     s += first ? "" : ";";
     s += std::string(kKind[k]) + "=" + kScore[static_cast<int>(b.score)] +
          (b.q == QUnit::f32_hilo ? "_hilo" : "") + "+" +
-         (b.kv == KvUnit::v_packed ? "vpacked_" : "") + kPv[static_cast<int>(b.pv)];
+         (b.kv == KvUnit::v_packed ? "vpacked_" : "") + kPv[static_cast<int>(b.pv)] +
+         (b.k_ahead ? "+k_ahead" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

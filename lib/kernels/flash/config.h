@@ -56,6 +56,9 @@ struct BlockPath {
   KvUnit kv;
   ScoreUnit score;
   PvUnit pv;
+  // Streamed contiguous K/V whose scores prefetch V: the P V unit prefetches the next block's K
+  // rows (key_ahead.h).
+  bool k_ahead = false;
   // The accumulators are in the column order of the native P V runs until the output
   // (UnpermuteAcc).
   CPUATTN_ALWAYS_INLINE bool permuted() const {

@@ -310,12 +310,15 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
   clock.lap(Phase::mask);
 }
 
-// PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block.
+// PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block; with BlockPath::k_ahead the
+// streamed units prefetch the next block's K rows as they go (KeyAheadOf).
 template <class O, bool kNative>
 void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
              const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const TaskBuffers& tb) {
   using detail::PvUnit;
   float* acc = tb.acc;
+  const detail::KeyAhead ahead =
+      q.path.k_ahead ? KeyAheadOf(p, tc.b, hr.head, kb.kb0, g.Nk, tc.k1) : detail::KeyAhead{};
   switch (q.path.pv) {
     case PvUnit::tile_f32:
       if (q.path.kv == detail::KvUnit::v_packed)
@@ -334,7 +337,7 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
         ScalePByVScales<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk,
                            v_lo ? detail::kFp8LoFactor : 1.0f);
       PvBlockRuns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, acc, g.DvP,
-                     v_lo);
+                     v_lo, ahead);
       if (v_lo)
         SetNanValueColumns<O>(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, acc, g.DvP);
       return;
@@ -342,12 +345,12 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
     case PvUnit::runs_bf16:
       if constexpr (kNative)
         Bf16Stream<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, kb.ncols, hr.lo, hr.hi, tb.s,
-                               g.Nk, tb.pb, acc, g.DvP);
+                               g.Nk, tb.pb, acc, g.DvP, ahead);
       return;
     case PvUnit::runs_vnni:
       if constexpr (kNative)
         VnniI8<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, tb.pb,
-                           acc, g.DvP);
+                           acc, g.DvP, ahead);
       return;
   }
 }

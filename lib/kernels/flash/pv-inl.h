@@ -17,6 +17,7 @@
 #include "core/problem.h"
 #include "kernels/common/outer-inl.h"
 #include "kernels/flash/fp8_lo-inl.h"
+#include "kernels/flash/key_ahead.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -183,19 +184,22 @@ inline constexpr std::int64_t kStreamKeys = 16;
 // PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
 // [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
 // tile keeps its accumulators in registers across a paged block's pages. P is already scaled by
-// V's scales where V has them (and by 2^120 where V reads as Fp8E4M3Lo, `v_lo`).
+// V's scales where V has them (and by 2^120 where V reads as Fp8E4M3Lo, `v_lo`). The K rows read
+// next (`ahead`) are prefetched a share per step (f32 V: per column chunk of its one step).
 template <class O>
 void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                  std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
-                 float* acc, std::int64_t dvp, bool v_lo) {
+                 float* acc, std::int64_t dvp, bool v_lo, const detail::KeyAhead& ahead) {
   constexpr int CW = O::kPvCols * O::kLanes;
   WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
     const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
+    const std::int64_t steps = (nk_live + step - 1) / step, chunks = (dvp + CW - 1) / CW;
     VRun<T> vruns[O::kBlockKeys];
     for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
       const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + step), vruns);
       for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
+        ahead.Share(s0 / step * chunks + c0 / CW, steps * chunks);
         const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
         for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
           const int R = std::min(O::kPvRows, r_hi - r0);

@@ -15,6 +15,7 @@
 #include "core/dtypes.h"
 #include "core/problem.h"
 #include "kernels/flash/fp8_lo-inl.h"
+#include "kernels/flash/key_ahead.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
@@ -259,6 +260,21 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
       SetNanKeyScores<O>(&K->bits, p.k.s[2], p.D, nk_live, rows, s, s_stride);
   });
+}
+
+// The K rows the scores of head hk read after the block at kb0 (Nk keys per block, the task's
+// keys end at k1): the next block's, for its P V to prefetch (BlockPath::k_ahead).
+inline detail::KeyAhead KeyAheadOf(const detail::Problem& p, std::int64_t b, std::int64_t hk,
+                                   std::int64_t kb0, std::int64_t Nk, std::int64_t k1) {
+  detail::KeyAhead ahead;
+  const std::int64_t j0 = kb0 + Nk, j1 = std::min(k1, kb0 + 2 * Nk);
+  if (j0 >= j1) return ahead;
+  const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
+  ahead.first = static_cast<const char*>(p.k.data) + (p.key_off(p.k.s, b, j0) + hk * p.k.s[1]) * ek;
+  ahead.rows = j1 - j0;
+  ahead.stride = p.k.s[2] * ek;
+  ahead.bytes = p.D * ek;
+  return ahead;
 }
 
 CPUATTN_NAMESPACE_END

@@ -42,6 +42,34 @@ struct Bf16Stream {
   static_assert(O::kLanes == 16, "the native bf16 units are AVX-512 only");
   static constexpr int N = 16;
 
+  // Dimensions [d, d + 32) of Dot4HiLo (those of mask m), hi into acc and lo into acc2 when
+  // kSplit is 2, both into acc otherwise.
+  template <int R, int kSplit, int R2>
+  static CPUATTN_ALWAYS_INLINE void Dot4HiLoStep(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
+                                                 std::int64_t D, std::int64_t d32,
+                                                 const detail::Bf16* const (&k)[4], std::int64_t d,
+                                                 __mmask32 m, __m512 (&acc)[R][4],
+                                                 __m512 (&acc2)[R2][4]) {
+    __m512bh kv[4];
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < 4; ++g) kv[g] = (__m512bh)_mm512_maskz_loadu_epi16(m, k[g] + d);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const auto* hi = reinterpret_cast<const std::uint16_t*>(qd + r * dp + QHiLoOffset(D));
+      const auto qh = (__m512bh)_mm512_loadu_si512(hi + d);
+      const auto ql = (__m512bh)_mm512_loadu_si512(hi + d32 + d);
+      CPUATTN_UNROLL(4)
+      for (int g = 0; g < 4; ++g) {
+        if constexpr (kSplit == 2) {
+          acc[r][g] = _mm512_dpbf16_ps(acc[r][g], qh, kv[g]);
+          acc2[r][g] = _mm512_dpbf16_ps(acc2[r][g], ql, kv[g]);
+        } else {
+          acc[r][g] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][g], qh, kv[g]), ql, kv[g]);
+        }
+      }
+    }
+  }
+
   // R rows' dot products with four bf16 keys (Dot4 in stream_dot-inl.h, for QUnit::f32_hilo): q
   // is hi + lo, two bf16 rows beside each Qp row (SplitQRows), and each of the two products of
   // bf16 pairs is exact in f32, so a score is within 2^-16 |q| |k| of the f32 product.
@@ -69,29 +97,15 @@ struct Bf16Stream {
         for (int g = 0; g < 4; ++g) acc2[r][g] = _mm512_setzero_ps();
       }
     }
-    for (std::int64_t d = 0; d < d32; d += 32) {
-      // The row's last partial 32 dimensions by a masked load: nothing past D is read.
-      const auto m =
-          static_cast<__mmask32>(d + 32 <= D ? ~0u : (1u << static_cast<unsigned>(D - d)) - 1u);
-      __m512bh kv[4];
-      CPUATTN_UNROLL(4)
-      for (int g = 0; g < 4; ++g) kv[g] = (__m512bh)_mm512_maskz_loadu_epi16(m, k[g] + d);
-      CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) {
-        const auto* hi = reinterpret_cast<const std::uint16_t*>(qd + r * dp + QHiLoOffset(D));
-        const auto qh = (__m512bh)_mm512_loadu_si512(hi + d);
-        const auto ql = (__m512bh)_mm512_loadu_si512(hi + d32 + d);
-        CPUATTN_UNROLL(4)
-        for (int g = 0; g < 4; ++g) {
-          if constexpr (kSplit == 2) {
-            acc[r][g] = _mm512_dpbf16_ps(acc[r][g], qh, kv[g]);
-            acc2[r][g] = _mm512_dpbf16_ps(acc2[r][g], ql, kv[g]);
-          } else {
-            acc[r][g] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][g], qh, kv[g]), ql, kv[g]);
-          }
-        }
-      }
-    }
+    // Whole 32 dimensions with an all-ones mask (a constant: the loads are plain), then the row's
+    // last partial 32 by a masked load, so nothing past D is read.
+    std::int64_t d = 0;
+    for (; d + 32 <= D; d += 32)
+      Dot4HiLoStep<R, kSplit>(qd, dp, D, d32, k, d, static_cast<__mmask32>(~0u), acc, acc2);
+    if (d < D)
+      Dot4HiLoStep<R, kSplit>(qd, dp, D, d32, k, d,
+                              static_cast<__mmask32>((1u << static_cast<unsigned>(D - d)) - 1u),
+                              acc, acc2);
     if constexpr (kSplit == 2) {
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
@@ -237,14 +251,18 @@ struct Bf16Stream {
   // PvUnit::runs_bf16 for rows [r_lo, r_hi) of K/V head hk: Pb rows = P rows (s_stride apart,
   // ncols whole panels) rounded to bf16, then Acc += Pb . V over keys [0, nk_live) of the block
   // at kb0 in steps of kStreamKeys keys, each step's runs in one call per 64 columns (Dv is whole
-  // groups of 32). The accumulators stay in PvRuns's column order (UnpermuteAcc).
+  // groups of 32), and a share of the K rows read next (`ahead`) prefetched per step. The
+  // accumulators stay in PvRuns's column order (UnpermuteAcc).
   static void PvBlock(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                       std::int64_t nk_live, std::int64_t ncols, int r_lo, int r_hi, const float* s,
-                      std::int64_t s_stride, std::uint16_t* pb, float* acc, std::int64_t dvp) {
+                      std::int64_t s_stride, std::uint16_t* pb, float* acc, std::int64_t dvp,
+                      const detail::KeyAhead& ahead) {
     for (int r = r_lo; r < r_hi; ++r)
       Bf16Tile<O>::RoundRow(s + r * s_stride, ncols, pb + r * s_stride);
     VRun<detail::Bf16> vruns[O::kBlockKeys];
+    const std::int64_t steps = (nk_live + kStreamKeys - 1) / kStreamKeys;
     for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
+      ahead.Share(s0 / kStreamKeys, steps);
       const int nv = MakeVRuns(p, b, hk, kb0, s0, std::min(nk_live, s0 + kStreamKeys), vruns);
       for (std::int64_t c0 = 0; c0 < p.Dv; c0 += 64) {
         const int groups = p.Dv - c0 >= 64 ? 2 : 1;

@@ -167,10 +167,12 @@ struct VnniI8 {
   // PvUnit::runs_vnni for rows [r_lo, r_hi) of K/V head hk: P scaled by V's scales, each row's
   // weights quantized to int16 (QuantWeightRow), Acc += P V over keys [0, nk_live) of the block at
   // kb0 in one call per 64 columns (the int32 sums span the block); rows with a non-finite weight
-  // take PvRunsI8Exact. Pb holds the int16 weights.
+  // take PvRunsI8Exact. Pb holds the int16 weights. A share of the K rows read next (`ahead`) is
+  // prefetched per 64 columns.
   static void PvBlock(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                       std::int64_t nk_live, int r_lo, int r_hi, float* s, std::int64_t s_stride,
-                      std::uint16_t* pb, float* acc, std::int64_t dvp) {
+                      std::uint16_t* pb, float* acc, std::int64_t dvp,
+                      const detail::KeyAhead& ahead) {
     ScalePByVScales<O>(p, b, hk, kb0, nk_live, r_lo, r_hi, s, s_stride, 1.0f);
     auto* w = reinterpret_cast<std::int16_t*>(pb);
     float f[detail::kStreamRows];
@@ -181,7 +183,9 @@ struct VnniI8 {
     }
     VRun<std::int8_t> vruns[O::kBlockKeys];
     const int nv = MakeVRuns(p, b, hk, kb0, 0, nk_live, vruns);
+    const std::int64_t chunks = (p.Dv + 63) / 64;
     for (std::int64_t c0 = 0; c0 < p.Dv; c0 += 64) {
+      ahead.Share(c0 / 64, chunks);
       const int groups = p.Dv - c0 >= 64 ? 2 : 1;
       for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
         const int R = std::min(O::kPvRows, r_hi - r0);
