@@ -34,6 +34,14 @@ std::pair<py::array, cpuattn::OutputView> layer_out(Call& call, const py::object
   return {out, make_view<cpuattn::OutputView>(out, dtype_of(out, "out", false), "out")};
 }
 
+// Explicit rotary positions (any integer array, as int64), or none.
+std::optional<cpuattn::TensorView> positions_view(Call& call, const py::object& positions) {
+  if (positions.is_none()) return std::nullopt;
+  const py::array p = int64_array(positions, "positions");
+  call.keep.push_back(p);
+  return make_view<cpuattn::TensorView>(p, DType::i64, "positions");
+}
+
 std::vector<py::ssize_t> leading_shape(const py::array& x, py::ssize_t last) {
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
   if (!shape.empty()) shape.back() = last;
@@ -184,23 +192,64 @@ void bind_layers(py::module_& m) {
           "forward",
           [](const Mha& l, const py::handle& x, const py::handle& is_causal,
              const py::object& attn_mask, const py::object& key_lengths,
-             std::optional<double> scale, const py::object& out, std::optional<int> threads,
-             CtxHandle* context) {
+             std::optional<double> scale, const py::object& positions, const py::object& out,
+             std::optional<int> threads, CtxHandle* context) {
             Call call;
             const auto xv = input_view(call, x, "x");
             call.set_masks(attn_mask, key_lengths, scale);
             call.opts.causal = parse_causal(is_causal);
             auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
             const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
-              l.forward(xv, ov, call.opts, ctx);
+              if (pv) {
+                l.forward(xv, *pv, ov, call.opts, ctx);
+              } else {
+                l.forward(xv, ov, call.opts, ctx);
+              }
             }
             return o;
           },
-          "Self-attention: x [B, L, d_model] -> [B, L, d_model] (float32).", "x"_a, py::kw_only(),
-          "is_causal"_a = false, "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
-          "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
+          "Self-attention: x [B, L, d_model] -> [B, L, d_model] (float32). positions: integer "
+          "[B, L] or [L] for the rotary embedding (Hugging Face's position_ids; default 0 .. L-1; "
+          "only for a layer with rope).",
+          "x"_a, py::kw_only(), "is_causal"_a = false, "attn_mask"_a = py::none(),
+          "key_lengths"_a = py::none(), "scale"_a = py::none(), "positions"_a = py::none(),
+          "out"_a = py::none(), "threads"_a = py::none(),
+          "context"_a = static_cast<CtxHandle*>(nullptr))
+      .def(
+          "forward_varlen",
+          [](const Mha& l, const py::handle& x, const py::handle& cu_seqlens,
+             const py::handle& is_causal, std::optional<double> scale, const py::object& positions,
+             const py::object& out, std::optional<int> threads, CtxHandle* context) {
+            Call call;
+            const auto xv = input_view(call, x, "x");
+            const py::array cu = int64_array(cu_seqlens, "cu_seqlens");
+            call.keep.push_back(cu);
+            const auto cv = make_view<cpuattn::TensorView>(cu, DType::i64, "cu_seqlens");
+            call.opts.scale = scale;
+            call.opts.causal = parse_causal(is_causal);
+            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
+            const ContextUse ctx = pick_context(threads, context);
+            {
+              py::gil_scoped_release nogil;
+              if (pv) {
+                l.forward_varlen(xv, cv, *pv, ov, call.opts, ctx);
+              } else {
+                l.forward_varlen(xv, cv, ov, call.opts, ctx);
+              }
+            }
+            return o;
+          },
+          "Packed variable-length self-attention: x [T, d_model] holds sequences back to back, "
+          "cu_seqlens integer [B + 1] their offsets (0 .. T); each sequence attends only to its "
+          "own "
+          "tokens. Returns [T, d_model] (float32). positions: integer [T] for the rotary embedding "
+          "(default: each sequence's own 0 .. length - 1).",
+          "x"_a, "cu_seqlens"_a, py::kw_only(), "is_causal"_a = false, "scale"_a = py::none(),
+          "positions"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
           "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "forward_cross",

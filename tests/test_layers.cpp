@@ -530,17 +530,26 @@ struct DecoderSetup : MhaSetup {
     }
   }
   // The rotation by apply_rope (checked against a long double reference in test_positional) of
-  // rows [B, L, heads, head_dim] at positions 0 .. L-1.
-  void rotate(Dvec& x, std::int64_t B, std::int64_t L, std::int64_t heads) const {
+  // rows [B, L, heads, head_dim] at positions 0 .. L-1, or token t at (*pos)[t] when given.
+  void rotate(Dvec& x, std::int64_t B, std::int64_t L, std::int64_t heads,
+              const std::vector<std::int64_t>* pos = nullptr) const {
     if (!cfg.rope) return;
     std::vector<float> f = to_float(x);
-    apply_rope(OutputView::blhd(f.data(), DType::f32, B, L, heads, cfg.head_dim), 0, *cfg.rope);
+    const std::int64_t D = cfg.head_dim;
+    if (pos == nullptr) {
+      apply_rope(OutputView::blhd(f.data(), DType::f32, B, L, heads, D), 0, *cfg.rope);
+    } else {
+      for (std::int64_t t = 0; t < B * L; ++t)
+        apply_rope(OutputView::blhd(f.data() + t * heads * D, DType::f32, 1, 1, heads, D),
+                   (*pos)[static_cast<std::size_t>(t)], *cfg.rope);
+    }
     x = to_double(f);
   }
   // The layer: projections and norms in double, rotation, reference attention, output in double.
+  // pos: explicit positions of the B * Lq tokens (self-attention).
   std::vector<float> reference(const std::vector<float>& xq, std::int64_t B, std::int64_t Lq,
-                               const std::vector<float>& xkv, std::int64_t Lk,
-                               Causal causal) const {
+                               const std::vector<float>& xkv, std::int64_t Lk, Causal causal,
+                               const std::vector<std::int64_t>* pos = nullptr) const {
     const MhaConfig& c = cfg;
     const auto* nb = static_cast<const std::vector<float>*>(nullptr);
     Dvec q = matmul(to_double(xq), wq, bias ? &bq : nb, B * Lq, c.d_model, c.heads * c.head_dim);
@@ -550,8 +559,8 @@ struct DecoderSetup : MhaSetup {
         matmul(to_double(xkv), wv, bias ? &bv : nb, B * Lk, c.d_model, c.kv_heads * c.value_dim);
     norm(q, B * Lq, c.heads, qn);
     norm(k, B * Lk, c.kv_heads, kn);
-    rotate(q, B, Lq, c.heads);
-    rotate(k, B, Lk, c.kv_heads);
+    rotate(q, B, Lq, c.heads, pos);
+    rotate(k, B, Lk, c.kv_heads, pos);
     Dvec a(static_cast<std::size_t>(B * Lq * c.heads * c.value_dim));
     AttentionOptions opts;
     opts.causal = causal;
@@ -634,6 +643,167 @@ TEST(MhaRope, SelfAttentionMatchesReference) {
           << dc.name << " cross";
     }
   }
+}
+
+// Explicit positions (position_ids): random, unordered and large, per sequence or one row for
+// every sequence, against the reference rotated at those positions; 0 .. L-1 given explicitly is
+// the implicit forward bit for bit.
+TEST(MhaRope, ExplicitPositionsMatchTheReference) {
+  Context ctx(2);
+  std::uint32_t seed = 700;
+  for (const DecoderCase& dc : decoder_cases()) {
+    if (!dc.rope) continue;
+    SCOPED_TRACE(dc.name);
+    const DecoderSetup s(dc.mc, dc.rope, dc.norm, ++seed);
+    const MultiHeadAttention layer = s.layer();
+    const std::int64_t B = 2, L = 11, d = layer.config().d_model;
+    const auto x = random_floats(B * L * d, ++seed);
+    std::vector<std::int64_t> pos(B * L);
+    for (std::size_t t = 0; t < pos.size(); ++t)
+      pos[t] = static_cast<std::int64_t>((t * 7919) % 97) + 3000 * (t % 3);
+    for (Causal causal : {Causal::none, Causal::top_left}) {
+      AttentionOptions opts;
+      opts.causal = causal;
+      std::vector<float> out(x.size(), 9.0f);
+      layer.forward(f32_view(x.data(), {B, L, d}),
+                    TensorView::contiguous(pos.data(), DType::i64, {B, L}),
+                    f32_view(out.data(), {B, L, d}), opts, &ctx);
+      const auto want = s.reference(x, B, L, x, L, causal, &pos);
+      ASSERT_TRUE(all_close(out.data(), want.data(), out.size(), mha_atol(s.cfg, L), 0))
+          << "causal=" << int(causal);
+      // The implicit positions differ: the check can tell.
+      const auto implicit = s.reference(x, B, L, x, L, causal);
+      EXPECT_FALSE(all_close(out.data(), implicit.data(), out.size(), mha_atol(s.cfg, L), 0));
+    }
+    // One int32 row [L] for every sequence equals it repeated as [B, L].
+    std::vector<std::int32_t> row(L);
+    std::vector<std::int64_t> rows(B * L);
+    for (std::int64_t l = 0; l < L; ++l) row[l] = static_cast<std::int32_t>(40 + 3 * l);
+    for (std::int64_t t = 0; t < B * L; ++t) rows[t] = row[t % L];
+    std::vector<float> a(x.size()), b(x.size()), c(x.size()), e(x.size());
+    layer.forward(f32_view(x.data(), {B, L, d}),
+                  TensorView::contiguous(row.data(), DType::i32, {L}),
+                  f32_view(a.data(), {B, L, d}), {}, &ctx);
+    layer.forward(f32_view(x.data(), {B, L, d}),
+                  TensorView::contiguous(rows.data(), DType::i64, {B, L}),
+                  f32_view(b.data(), {B, L, d}), {}, &ctx);
+    EXPECT_EQ(a, b);
+    std::vector<std::int64_t> natural(B * L);
+    for (std::int64_t t = 0; t < B * L; ++t) natural[t] = t % L;
+    layer.forward(f32_view(x.data(), {B, L, d}),
+                  TensorView::contiguous(natural.data(), DType::i64, {B, L}),
+                  f32_view(c.data(), {B, L, d}), {}, &ctx);
+    layer.forward(f32_view(x.data(), {B, L, d}), f32_view(e.data(), {B, L, d}), {}, &ctx);
+    EXPECT_EQ(c, e);
+  }
+}
+
+// A packed batch (forward_varlen), empty and one-token sequences among them, equals each sequence
+// run alone against the reference: its own positions 0 .. n-1, or explicit ones.
+TEST(MhaRope, ForwardVarlenEqualsEachSequenceAlone) {
+  Context ctx(2);
+  std::uint32_t seed = 800;
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const DecoderSetup s(dc.mc, dc.rope, dc.norm, ++seed);
+    const MultiHeadAttention layer = s.layer();
+    const std::int64_t d = layer.config().d_model;
+    const std::vector<std::int64_t> lens = {5, 0, 13, 1, 8};
+    std::vector<std::int32_t> cu = {0};
+    for (std::int64_t n : lens) cu.push_back(cu.back() + static_cast<std::int32_t>(n));
+    const std::int64_t T = cu.back();
+    const auto x = random_floats(T * d, ++seed);
+    std::vector<std::int64_t> pos(T);
+    for (std::int64_t t = 0; t < T; ++t) pos[t] = 50 + 17 * t;
+    for (bool explicit_pos : {false, true}) {
+      if (explicit_pos && !dc.rope) continue;
+      for (Causal causal : {Causal::none, Causal::top_left}) {
+        AttentionOptions opts;
+        opts.causal = causal;
+        std::vector<float> out(T * d, 9.0f);
+        const TensorView cuv =
+            TensorView::contiguous(cu.data(), DType::i32, {std::int64_t(cu.size())});
+        if (explicit_pos) {
+          layer.forward_varlen(f32_view(x.data(), {T, d}), cuv,
+                               TensorView::contiguous(pos.data(), DType::i64, {T}),
+                               f32_view(out.data(), {T, d}), opts, &ctx);
+        } else {
+          layer.forward_varlen(f32_view(x.data(), {T, d}), cuv, f32_view(out.data(), {T, d}), opts,
+                               &ctx);
+        }
+        for (std::size_t b = 0; b < lens.size(); ++b) {
+          const std::int64_t n = lens[b], t0 = cu[b];
+          if (n == 0) continue;
+          const std::vector<float> xb(x.begin() + t0 * d, x.begin() + (t0 + n) * d);
+          const std::vector<std::int64_t> pb(pos.begin() + t0, pos.begin() + t0 + n);
+          const auto want = s.reference(xb, 1, n, xb, n, causal, explicit_pos ? &pb : nullptr);
+          ASSERT_TRUE(all_close(out.data() + t0 * d, want.data(), n * d, mha_atol(s.cfg, n), 0))
+              << "sequence " << b << " causal=" << int(causal) << " explicit=" << explicit_pos;
+        }
+      }
+    }
+  }
+}
+
+// Bad positions and offsets are Errors naming them and the shapes; out keeps its values.
+TEST(MhaRope, BadPositionsAndOffsetsAreNamedErrors) {
+  const DecoderSetup s(MhaCase{32, 4, 2, 8, 0, true}, RopeOptions{}, QkNorm::none, 900);
+  const DecoderSetup plain(MhaCase{32, 4, 2, 8, 0, true}, std::nullopt, QkNorm::none, 901);
+  const MultiHeadAttention layer = s.layer(), no_rope = plain.layer();
+  const std::int64_t B = 2, L = 3, d = 32;
+  const auto x = random_floats(B * L * d, 902);
+  std::vector<float> out(B * L * d, 7.0f);
+  const std::vector<float> before = out;
+  auto expect = [&](const std::function<void()>& call, const std::vector<std::string>& words) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an Error naming " << words[0];
+    } catch (const Error& e) {
+      for (const std::string& w : words)
+        EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(out, before);
+  };
+  std::vector<std::int64_t> good(B * L, 1), neg(B * L, 1);
+  neg[4] = -1;
+  std::vector<float> fpos(B * L);
+  const TensorView xv = f32_view(x.data(), {B, L, d});
+  const OutputView ov = f32_view(out.data(), {B, L, d});
+  expect(
+      [&] {
+        no_rope.forward(xv, TensorView::contiguous(good.data(), DType::i64, {B, L}), ov);
+      },
+      {"positions", "MhaConfig::rope"});
+  expect(
+      [&] {
+        layer.forward(xv, TensorView::contiguous(good.data(), DType::i64, {L, B}), ov);
+      },
+      {"positions [3,2]", "[2,3] or [3]", "x [2,3,32]"});
+  expect(
+      [&] {
+        layer.forward(xv, TensorView::contiguous(neg.data(), DType::i64, {B, L}), ov);
+      },
+      {"positions[1,1] = -1"});
+  expect(
+      [&] {
+        layer.forward(xv, TensorView::contiguous(fpos.data(), DType::f32, {B, L}), ov);
+      },
+      {"positions", "int32 or int64"});
+  const std::vector<std::int64_t> cu_bad = {0, 4, 5};
+  const TensorView x2 = f32_view(x.data(), {B * L, d});
+  const OutputView o2 = f32_view(out.data(), {B * L, d});
+  expect(
+      [&] { layer.forward_varlen(x2, TensorView::contiguous(cu_bad.data(), DType::i64, {3}), o2); },
+      {"cu_seqlens[2] = 5", "total_q = 6"});
+  const std::vector<std::int64_t> cu = {0, 4, 6};
+  expect(
+      [&] {
+        layer.forward_varlen(x2, TensorView::contiguous(cu.data(), DType::i64, {3}),
+                             TensorView::contiguous(good.data(), DType::i64, {B, L}), o2);
+      },
+      {"positions [2,3]", "must be [6]"});
+  expect([&] { layer.forward_varlen(xv, TensorView::contiguous(cu.data(), DType::i64, {3}), o2); },
+         {"x", "rank"});
 }
 
 // GPT-J's interleaved pairs are NeoX's half-split pairs of a permuted head: the same layer with

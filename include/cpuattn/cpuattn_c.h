@@ -58,7 +58,7 @@ extern "C" {
 
 /* Version of this C interface; incremented when it changes (fields are only ever appended to the
  * versioned structs, and functions only added). cpuattn_c_api_version() gives the library's. */
-#define CPUATTN_C_API_VERSION 5
+#define CPUATTN_C_API_VERSION 6
 
 /* ----------------------------------------------------------------------------- status, errors */
 
@@ -475,6 +475,19 @@ CPUATTN_API cpuattn_status cpuattn_mha_forward(const cpuattn_mha* mha, const cpu
                                                const cpuattn_tensor* out,
                                                const cpuattn_attention_options* options,
                                                cpuattn_context* context);
+/* Self-attention with explicit positions for the rotary embedding (since C API version 6;
+ * MultiHeadAttention::forward with positions): positions int32 or int64 [B, L], or [L] for every
+ * sequence, each in [0, 2^53); an error for a layer without rope. */
+CPUATTN_API cpuattn_status cpuattn_mha_forward_positions(
+    const cpuattn_mha* mha, const cpuattn_tensor* x, const cpuattn_tensor* positions,
+    const cpuattn_tensor* out, const cpuattn_attention_options* options, cpuattn_context* context);
+/* Packed variable-length self-attention (since C API version 6; as cpuattn_attention_varlen):
+ * x [T, d_model] holds sequences back to back, cu_seqlens int32 or int64 [B + 1] their offsets,
+ * out [T, d_model]. positions: NULL (each sequence's own 0 .. length - 1) or int32/int64 [T]. */
+CPUATTN_API cpuattn_status cpuattn_mha_forward_varlen(
+    const cpuattn_mha* mha, const cpuattn_tensor* x, const cpuattn_tensor* cu_seqlens,
+    const cpuattn_tensor* positions, const cpuattn_tensor* out,
+    const cpuattn_attention_options* options, cpuattn_context* context);
 /* Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model], out [B, Lq, d_model]. */
 CPUATTN_API cpuattn_status cpuattn_mha_forward_cross(
     const cpuattn_mha* mha, const cpuattn_tensor* xq, const cpuattn_tensor* xkv,

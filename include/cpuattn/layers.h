@@ -205,9 +205,10 @@ struct MhaConfig {
   std::int64_t value_dim = 0;  // 0: head_dim
   // Rotary position embedding of Q and K inside the layer (cpuattn/positional.h; rotary_dim and
   // scaling included), applied after the projections and QK-norm while the rows are in cache.
-  // Keys are cached rotated. Positions: 0 .. L-1 in forward(); in decode(), the cache's length
-  // (each sequence's own in a paged cache) plus the token's index in the step. Self-attention
-  // only: forward_cross() of a layer with rope is an Error.
+  // Keys are cached rotated. Positions: 0 .. L-1 in forward() (each sequence's own in
+  // forward_varlen()) unless given explicitly; in decode(), the cache's length (each sequence's
+  // own in a paged cache) plus the token's index in the step. Self-attention only:
+  // forward_cross() of a layer with rope is an Error.
   std::optional<RopeOptions> rope = std::nullopt;
   QkNorm qk_norm = QkNorm::none;  // weights: MhaWeights::q_norm, k_norm
   double qk_norm_eps = 1e-6;      // finite, > 0
@@ -242,6 +243,22 @@ class CPUATTN_API MultiHeadAttention {
   // Self-attention (bidirectional, or causal via opts.causal): x, out f32 [B, L, d_model].
   void forward(const TensorView& x, const OutputView& out, const AttentionOptions& opts = {},
                Context* context = nullptr) const;
+  // The same with explicit positions for the rotary embedding (Hugging Face's position_ids: a
+  // left-padded batch, a chunk that continues a sequence): int32 or int64 [B, L], or [L] for
+  // every sequence, each in [0, 2^53). An Error for a layer without MhaConfig::rope.
+  void forward(const TensorView& x, const TensorView& positions, const OutputView& out,
+               const AttentionOptions& opts = {}, Context* context = nullptr) const;
+  // Packed variable-length self-attention (as attention_varlen): x [T, d_model] holds sequences
+  // back to back, sequence b its rows [cu_seqlens[b], cu_seqlens[b + 1]) (int32 or int64
+  // [B + 1], from 0 to T), each attending only to its own tokens; out [T, d_model]. RoPE
+  // positions: each sequence's own 0 .. length - 1, or `positions` [T] (int32 or int64). The
+  // options apply per sequence as in attention_varlen (mask, key_lengths and weights are
+  // errors; lse is [heads, T]).
+  void forward_varlen(const TensorView& x, const TensorView& cu_seqlens, const OutputView& out,
+                      const AttentionOptions& opts = {}, Context* context = nullptr) const;
+  void forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
+                      const TensorView& positions, const OutputView& out,
+                      const AttentionOptions& opts = {}, Context* context = nullptr) const;
   // Encoder-decoder attention: queries from xq [B, Lq, d_model], keys and values from the
   // encoder output xkv [B, Lk, d_model]; out [B, Lq, d_model].
   void forward_cross(const TensorView& xq, const TensorView& xkv, const OutputView& out,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "core/problem.h"
@@ -20,6 +21,24 @@ void run_fast_set(const Problem* ps, std::size_t n, Context& ctx);
 
 // Writes the rows of a problem that has no keys (Lk = 0): out 0, lse the sink's (or -inf).
 void write_empty(const Problem& p);
+
+// A packed (varlen) call cut into one problem per sequence: those with queries and keys, those
+// with queries but no keys; offsets_q are cu_seqlens_q's values.
+struct Packed {
+  std::vector<Problem> run, empty;
+  std::vector<std::int64_t> offsets_q;
+};
+
+// Validates attention_varlen(q, k, v, out, cu_q, cu_k, opts) (f64 tensors with allow_f64, for the
+// reference) without running it; the messages name the offsets cu_q_name and cu_k_name.
+Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const OutputView& out, const TensorView& cu_q, const TensorView& cu_k,
+                       const AttentionOptions& opts, bool allow_f64,
+                       const char* cu_q_name = "cu_seqlens_q",
+                       const char* cu_k_name = "cu_seqlens_k");
+
+// Runs a validated packed call on the fast path.
+void run_varlen(const Packed& packed, Context& ctx);
 
 // Validates attention(q, kv, out, opts) over a paged cache without running it (for layers that
 // must check a whole step before they change anything).

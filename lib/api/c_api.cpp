@@ -965,6 +965,38 @@ cpuattn_status cpuattn_mha_forward(const cpuattn_mha* mha, const cpuattn_tensor*
   });
 }
 
+cpuattn_status cpuattn_mha_forward_positions(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                             const cpuattn_tensor* positions,
+                                             const cpuattn_tensor* out,
+                                             const cpuattn_attention_options* options,
+                                             cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto xv = in(x, "x"), pv = in(positions, "positions");
+    const auto ov = out_view(out, "out");
+    mha->mha.forward(xv, pv, ov, to_options(options), context_of(context));
+  });
+}
+
+cpuattn_status cpuattn_mha_forward_varlen(const cpuattn_mha* mha, const cpuattn_tensor* x,
+                                          const cpuattn_tensor* cu_seqlens,
+                                          const cpuattn_tensor* positions,
+                                          const cpuattn_tensor* out,
+                                          const cpuattn_attention_options* options,
+                                          cpuattn_context* context) {
+  return guarded([&] {
+    need(mha, "mha");
+    const auto xv = in(x, "x"), cv = in(cu_seqlens, "cu_seqlens");
+    const auto pv = optional_in(positions, "positions");
+    const auto ov = out_view(out, "out");
+    if (pv) {
+      mha->mha.forward_varlen(xv, cv, *pv, ov, to_options(options), context_of(context));
+    } else {
+      mha->mha.forward_varlen(xv, cv, ov, to_options(options), context_of(context));
+    }
+  });
+}
+
 cpuattn_status cpuattn_mha_forward_cross(const cpuattn_mha* mha, const cpuattn_tensor* xq,
                                          const cpuattn_tensor* xkv, const cpuattn_tensor* out,
                                          const cpuattn_attention_options* options,

@@ -82,14 +82,12 @@ std::vector<std::int64_t> offsets(const TensorView& cu, const char* name, std::i
   return o;
 }
 
-struct Packed {
-  std::vector<Problem> run;    // sequences with queries and keys
-  std::vector<Problem> empty;  // sequences with queries but no keys
-};
+}  // namespace
 
 Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                        const OutputView& out, const TensorView& cu_q, const TensorView& cu_k,
-                       const AttentionOptions& opts, bool allow_f64) {
+                       const AttentionOptions& opts, bool allow_f64, const char* cu_q_name,
+                       const char* cu_k_name) {
   if (opts.mask)
     fail("mask is not supported with cu_seqlens (packed batches); use causal or a window");
   if (opts.key_lengths)
@@ -125,11 +123,11 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
   if (opts.v_scales && opts.v_scales->rank != 1) o.v_scales = as_bhl(*opts.v_scales, "v_scales");
   Problem whole = validate(as_bhld(q, "Q"), as_bhld(k, "K"), as_bhld(v, "V"), as_bhld(out, "out"),
                            o, allow_f64);
-  const std::vector<std::int64_t> oq = offsets(cu_q, "cu_seqlens_q", whole.Lq, "total_q");
-  const std::vector<std::int64_t> ok = offsets(cu_k, "cu_seqlens_k", whole.Lk, "total_k");
+  const std::vector<std::int64_t> oq = offsets(cu_q, cu_q_name, whole.Lq, "total_q");
+  const std::vector<std::int64_t> ok = offsets(cu_k, cu_k_name, whole.Lk, "total_k");
   if (oq.size() != ok.size())
-    fail("cu_seqlens_q has shape " + shape_str(cu_q) + " but cu_seqlens_k has shape " +
-         shape_str(cu_k) + "; both are [B + 1]");
+    fail(std::string(cu_q_name) + " has shape " + shape_str(cu_q) + " but " + cu_k_name +
+         " has shape " + shape_str(cu_k) + "; both are [B + 1]");
   if (opts.alibi_slopes && !o.alibi_slopes) {
     check_alibi_slopes(*opts.alibi_slopes, static_cast<std::int64_t>(oq.size()) - 1, whole);
     const Extent es = extent_of("alibi_slopes", *opts.alibi_slopes);
@@ -152,10 +150,14 @@ Packed validate_varlen(const TensorView& q, const TensorView& k, const TensorVie
     if (whole.alibi != nullptr) p.alibi = whole.alibi + b * whole.alibi_bs;
     (p.Lk == 0 ? packed.empty : packed.run).push_back(p);
   }
+  packed.offsets_q = oq;
   return packed;
 }
 
-}  // namespace
+void run_varlen(const Packed& packed, Context& ctx) {
+  for (const Problem& p : packed.empty) write_empty(p);
+  run_fast_set(packed.run.data(), packed.run.size(), ctx);
+}
 
 // Rows with no key: out 0, lse the sink's (or -inf), as every other row with every key masked.
 void write_empty(const Problem& p) {
@@ -187,8 +189,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                             ";v:" + detail::dims_of(v) +
                             ";sequences:" + std::to_string(cu_seqlens_q.shape[0] - 1);
   }
-  for (const detail::Problem& p : packed.empty) detail::write_empty(p);
-  detail::run_fast_set(packed.run.data(), packed.run.size(), ctx);
+  detail::run_varlen(packed, ctx);
   scope.finish(ctx);
 }
 

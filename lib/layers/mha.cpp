@@ -68,6 +68,40 @@ void check_input(const char* name, const TensorView& t, int rank) {
   detail::extent_of(name, t);
 }
 
+// Explicit positions for the rotary embedding, int32 or int64 [B, L] (or [L] for every sequence
+// when `broadcast`), into dst[B * L], each checked in [0, 2^53) (exact in double, as apply_rope's
+// positions). `against` names the tensor the shape comes from, for the messages.
+void read_positions(const TensorView& pos, std::int64_t B, std::int64_t L, bool broadcast,
+                    const std::string& against, std::int64_t* dst) {
+  detail::check_view("positions", pos, 1, 2);
+  if (pos.dtype != DType::i32 && pos.dtype != DType::i64)
+    fail("positions " + shape_str(pos) + " has dtype " + dtype_name(pos.dtype) +
+         "; expected int32 or int64");
+  const bool per_seq = pos.rank == 2;
+  const bool fits =
+      per_seq ? pos.shape[0] == B && pos.shape[1] == L : pos.shape[0] == L && (broadcast || B == 1);
+  if (!fits)
+    fail("positions " + shape_str(pos) + " must be " +
+         (broadcast ? dims_str({B, L}) + " or " + dims_str({L}) : dims_str({L})) + " (" + against +
+         ")");
+  if (reinterpret_cast<std::uintptr_t>(pos.data) % dtype_size(pos.dtype) != 0)
+    fail("positions " + shape_str(pos) + ": data is not aligned to its elements");
+  detail::extent_of("positions", pos);
+  constexpr std::int64_t kMaxPosition = std::int64_t{1} << 53;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t l = 0; l < L; ++l) {
+      const std::int64_t at = (per_seq ? b * pos.strides[0] : 0) + l * pos.strides[pos.rank - 1];
+      const std::int64_t p = pos.dtype == DType::i32
+                                 ? static_cast<const std::int32_t*>(pos.data)[at]
+                                 : static_cast<const std::int64_t*>(pos.data)[at];
+      if (p < 0 || p >= kMaxPosition)
+        fail("positions" + (per_seq ? "[" + std::to_string(b) + "," : std::string("[")) +
+             std::to_string(l) + "] = " + std::to_string(p) +
+             " is outside [0, 2^53): positions must be exact in double precision");
+      dst[b * L + l] = p;
+    }
+}
+
 // The layer writes opts.lse / opts.weights during attention and `out` afterwards, from the heads'
 // outputs: an optional output that overlaps `out` would be overwritten (or overwrite it), and one
 // that overlaps an input would change what the projections read. Call after detail::validate(),
@@ -447,7 +481,19 @@ struct MultiHeadAttention::Impl {
   }
 
   void forward(const TensorView& xq, const TensorView& xkv, const OutputView& out,
-               const AttentionOptions& opts, Context& ctx, bool self) const;
+               const AttentionOptions& opts, Context& ctx, bool self,
+               const TensorView* positions = nullptr) const;
+  void forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
+                      const TensorView* positions, const OutputView& out,
+                      const AttentionOptions& opts, Context& ctx) const;
+
+  // Explicit positions are for the rotary embedding only.
+  void check_rotates(const char* call) const {
+    if (!prep.rotates())
+      fail(std::string(call) +
+           ": positions are given but this layer has no MhaConfig::rope (they place the rotary "
+           "embedding only)");
+  }
 
   // out = A Wo + bo for the rows of buf.a [rows, H * Dv].
   void output(const Buffers& buf, std::int64_t B, std::int64_t L, const OutputView& out,
@@ -563,6 +609,53 @@ void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
   scope.finish(ctx);
 }
 
+void MultiHeadAttention::forward(const TensorView& x, const TensorView& positions,
+                                 const OutputView& out, const AttentionOptions& opts,
+                                 Context* context) const {
+  detail::CallScope scope("mha.forward");
+  const Impl& m = live(impl_, "forward");
+  m.check_rotates("forward");
+  Context& ctx = context != nullptr ? *context : default_context();
+  m.forward(x, x, out, opts, ctx, /*self=*/true, &positions);
+  describe(
+      scope, [&] { return "x:" + detail::dims_of(x) + ";positions"; }, m.cfg, opts);
+  scope.finish(ctx);
+}
+
+void MultiHeadAttention::forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
+                                        const OutputView& out, const AttentionOptions& opts,
+                                        Context* context) const {
+  detail::CallScope scope("mha.forward_varlen");
+  const Impl& m = live(impl_, "forward_varlen");
+  Context& ctx = context != nullptr ? *context : default_context();
+  m.forward_varlen(x, cu_seqlens, nullptr, out, opts, ctx);
+  describe(
+      scope,
+      [&] {
+        return "x:" + detail::dims_of(x) + ";sequences:" + std::to_string(cu_seqlens.shape[0] - 1);
+      },
+      m.cfg, opts);
+  scope.finish(ctx);
+}
+
+void MultiHeadAttention::forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
+                                        const TensorView& positions, const OutputView& out,
+                                        const AttentionOptions& opts, Context* context) const {
+  detail::CallScope scope("mha.forward_varlen");
+  const Impl& m = live(impl_, "forward_varlen");
+  m.check_rotates("forward_varlen");
+  Context& ctx = context != nullptr ? *context : default_context();
+  m.forward_varlen(x, cu_seqlens, &positions, out, opts, ctx);
+  describe(
+      scope,
+      [&] {
+        return "x:" + detail::dims_of(x) + ";sequences:" + std::to_string(cu_seqlens.shape[0] - 1) +
+               ";positions";
+      },
+      m.cfg, opts);
+  scope.finish(ctx);
+}
+
 void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,
                                        const OutputView& out, const AttentionOptions& opts,
                                        Context* context) const {
@@ -581,10 +674,10 @@ void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& x
   scope.finish(ctx);
 }
 
-// Both forward passes: self (xq = xkv, positions 0 .. L-1 for RoPE) or cross.
+// Both forward passes: self (xq = xkv; RoPE at `positions`, else 0 .. L-1) or cross.
 void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& xkv,
                                        const OutputView& out, const AttentionOptions& opts,
-                                       Context& ctx, bool self) const {
+                                       Context& ctx, bool self, const TensorView* positions) const {
   const MhaConfig& c = cfg;
   const char* const qname = self ? "x" : "xq";
   check_f32(qname, xq, 3);
@@ -601,7 +694,7 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
       "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Buffers buf = buffers(ctx, B * Lq, B * Lk, self);
+  const Buffers buf = buffers(ctx, B * Lq, B * Lk, self, positions != nullptr ? B * Lq : 0);
   const OutputView q = heads_view(buf.q, B, Lq, c.heads, c.head_dim, buf.stride);
   const OutputView k = heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim, buf.stride);
   const OutputView v = heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim, buf.stride);
@@ -610,10 +703,11 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
   // is computed, so a bad option leaves `out` untouched.
   const detail::Problem problem = detail::validate(q, k, v, a, opts, false);
   check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
+  if (positions != nullptr) read_positions(*positions, B, Lq, true, "x " + shape_str(xq), buf.ints);
 
   if (self) {
     project_step(xq, buf, ctx);
-    prepare_step(buf, B, Lq, {}, ctx);
+    prepare_step(buf, B, Lq, {.per_token = positions != nullptr ? buf.ints : nullptr}, ctx);
   } else {  // Q from xq, K and V from xkv: the two panel ranges of the fused matrix
     detail::run_linear_panels(*qkv, xq, buf.q, buf.stride, 0, q_panels, ctx);
     detail::run_linear_panels(*qkv, xkv, buf.k, buf.stride, q_panels, qkv->panels, ctx);
@@ -623,6 +717,55 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
   }
   detail::run_attention(problem, ctx);
   output(buf, B, Lq, out, ctx);
+}
+
+// Packed sequences: the tokens as one [1, T] batch of rows for the projections, QK-norm/RoPE
+// and the output projection, and as attention_varlen's [T, heads, d] for the attention.
+void MultiHeadAttention::Impl::forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
+                                              const TensorView* positions, const OutputView& out,
+                                              const AttentionOptions& opts, Context& ctx) const {
+  const MhaConfig& c = cfg;
+  check_f32("x", x, 2);
+  const std::int64_t T = x.shape[0];
+  if (x.shape[1] != c.d_model)
+    fail("x " + shape_str(x) + " must have d_model=" + std::to_string(c.d_model) + " features");
+  check_f32("out", out, 2);
+  if (out.shape[0] != T || out.shape[1] != c.d_model)
+    fail("out " + shape_str(out) + " must be " + dims_str({T, c.d_model}) + " (x " + shape_str(x) +
+         ")");
+  detail::check_no_self_overlap("out", out);
+  const detail::Extent oe = detail::extent_of("out", out);
+  detail::check_disjoint("out", oe, {{"x", detail::extent_of("x", x)}});
+  Context::Impl& ci = detail::ContextAccess::impl(ctx);
+  const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
+  const Buffers buf = buffers(ctx, T, T, true, prep.rotates() ? T : 0);
+  const auto packed = [&](float* p, std::int64_t heads, std::int64_t hw) {
+    OutputView v = OutputView::contiguous(p, DType::f32, {T, heads, hw});
+    v.strides = {buf.stride, hw, 1};
+    return v;
+  };
+  const OutputView a = OutputView::contiguous(buf.a, DType::f32, {T, c.heads, c.value_dim});
+  const detail::Packed problems = detail::validate_varlen(
+      packed(buf.q, c.heads, c.head_dim), packed(buf.k, c.kv_heads, c.head_dim),
+      packed(buf.v, c.kv_heads, c.value_dim), a, cu_seqlens, cu_seqlens, opts, false, "cu_seqlens",
+      "cu_seqlens");
+  check_optional_outputs(opts, oe, "x", x, "x", x);
+  if (positions != nullptr) {
+    read_positions(*positions, 1, T, false, "x " + shape_str(x), buf.ints);
+  } else if (prep.rotates()) {
+    const std::vector<std::int64_t>& o = problems.offsets_q;
+    for (std::size_t b = 0; b + 1 < o.size(); ++b)
+      for (std::int64_t t = o[b]; t < o[b + 1]; ++t) buf.ints[t] = t - o[b];
+  }
+
+  TensorView x3 = x;  // [1, T, d_model]: one batch of T rows
+  x3.rank = 3;
+  x3.shape = {1, T, c.d_model};
+  x3.strides = {T * x.strides[0], x.strides[0], x.strides[1]};
+  project_step(x3, buf, ctx);
+  prepare_step(buf, 1, T, {.per_token = prep.rotates() ? buf.ints : nullptr}, ctx);
+  detail::run_varlen(problems, ctx);
+  wo.forward(f32_view(static_cast<const float*>(buf.a), {T, c.heads * c.value_dim}), out, &ctx);
 }
 
 void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,

@@ -127,7 +127,8 @@ void QkPrep::apply(const std::optional<HeadRows>& q, const std::optional<HeadRow
       if (rope_) {
         const std::int64_t b = t / n, i = t % n;
         const std::int64_t first = at.per_seq != nullptr ? at.per_seq[b] : at.first;
-        rope_turns(freq_, static_cast<double>(first + i), cosv, sinv);
+        const std::int64_t pos = at.per_token != nullptr ? at.per_token[t] : first + i;
+        rope_turns(freq_, static_cast<double>(pos), cosv, sinv);
       }
       if (q) token(q->data + t * q->stride, q->heads, q_w_, cosv, sinv);
       if (k) token(k->data + t * k->stride, k->heads, k_w_, cosv, sinv);

@@ -27,11 +27,13 @@ class QkPrep {
   bool active() const { return norm_ != QkNorm::none || rope_; }
   bool rotates() const { return rope_; }
 
-  // Where the tokens are: token b * n + i at position (per_seq ? per_seq[b] : first) + i. Cache
+  // Where the tokens are: token t = b * n + i at position per_token[t] when given (explicit
+  // position ids, checked < 2^53 by the caller), else (per_seq ? per_seq[b] : first) + i. Cache
   // lengths stay below 2^40 tokens (KvCache, PagedKvCache), so positions are exact in double.
   struct Positions {
     std::int64_t first = 0;
     const std::int64_t* per_seq = nullptr;
+    const std::int64_t* per_token = nullptr;
   };
 
   // Normalizes and rotates the rows of q and k (either may be absent) of B x n tokens. Results

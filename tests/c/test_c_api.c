@@ -752,6 +752,38 @@ static void test_mha_rope_and_qk_norm(void) {
   }
   cpuattn_kv_cache_destroy(cache);
 
+  /* Since version 6: explicit positions (0 .. T-1 as one [T] row: the implicit ones) and the
+   * packed forward of the MB sequences back to back give the causal forward's rows; positions
+   * for a layer without rope are an error naming them. */
+  {
+    int64_t* ids = (int64_t*)malloc(sizeof(int64_t) * T);
+    int64_t cu[MB + 1];
+    int64_t b;
+    cpuattn_tensor tids, tcu, x2 = tensor(x, CPUATTN_DTYPE_F32, 2, MB * T, DM, 0, 0);
+    cpuattn_tensor o2 = tensor(out, CPUATTN_DTYPE_F32, 2, MB * T, DM, 0, 0);
+    cpuattn_tensor tout = f32_3d(out, MB, T, DM);
+    for (i = 0; i < T; ++i) ids[i] = i;
+    for (b = 0; b <= MB; ++b) cu[b] = b * T;
+    tids = tensor(ids, CPUATTN_DTYPE_I64, 1, T, 0, 0, 0);
+    tcu = tensor(cu, CPUATTN_DTYPE_I64, 1, MB + 1, 0, 0, 0);
+    EXPECT_OK(cpuattn_mha_forward_positions(mha, &tx, &tids, &tout, &causal, NULL));
+    ++g_checks;
+    if (!close_to(out, want, (size_t)MB * T * DM, kRtol, kAtol, "explicit positions")) {
+      ++g_failures;
+      fprintf(stderr, "FAILED: positions 0 .. T-1 differ from the implicit ones\n");
+    }
+    EXPECT_OK(cpuattn_mha_forward_varlen(mha, &x2, &tcu, NULL, &o2, &causal, NULL));
+    ++g_checks;
+    if (!close_to(out, want, (size_t)MB * T * DM, kRtol, kAtol, "forward_varlen")) {
+      ++g_failures;
+      fprintf(stderr, "FAILED: the packed forward differs from the batched one\n");
+    }
+    EXPECT_STATUS(CPUATTN_ERROR_INVALID_ARGUMENT,
+                  cpuattn_mha_forward_positions(plain, &tx, &tids, &tout, &causal, NULL));
+    EXPECT_MESSAGE("positions");
+    free(ids);
+  }
+
   /* Bad values are the C++ constructor's errors, naming the field; nothing is created. */
   {
     cpuattn_mha* none = (cpuattn_mha*)&tx;

@@ -89,8 +89,9 @@ def rms_norm(x, w, eps):
     return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
-def np_decoder(p, x, cfg, causal="top_left"):
-    """The block in float64: projections, QK-norm, RoPE, attention, output projection."""
+def np_decoder(p, x, cfg, causal="top_left", positions=None):
+    """The block in float64: projections, QK-norm, RoPE, attention, output projection; RoPE at
+    positions [B, L] (Hugging Face's position_ids), by default 0 .. L-1."""
     x = x.astype(np.float64)
     B, L, _ = x.shape
     H, Hkv, D = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -107,8 +108,9 @@ def np_decoder(p, x, cfg, causal="top_left"):
     q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
     v = v.reshape(B, L, Hkv, D).transpose(0, 2, 1, 3)
     if cfg.get("rope") is not None:
-        q = apply_rope(q, np.arange(L), cfg["rope"])
-        k = apply_rope(k, np.arange(L), cfg["rope"])
+        pos = np.broadcast_to(np.arange(L) if positions is None else positions, (B, L))
+        q = np.stack([apply_rope(q[b], pos[b], cfg["rope"]) for b in range(B)])
+        k = np.stack([apply_rope(k[b], pos[b], cfg["rope"]) for b in range(B)])
     o = np_attention(q, k, v, causal=causal)[0].transpose(0, 2, 1, 3).reshape(B, L, H * D)
     return o @ p["wo"] + p["bo"]
 
@@ -193,6 +195,66 @@ def test_decode_matches_causal_forward(name):
     got = [layer.decode(x[:, :4], cache)]
     got += [layer.decode(x[:, t:t + 1], cache) for t in range(4, L)]
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["neox", "gptj", "llama3", "yarn", "olmo2"])
+def test_explicit_positions_match_the_published_formulas(name):
+    rng = np.random.default_rng(21)
+    cfg = dict(heads=4, kv_heads=2, head_dim=16, **CASES[name])
+    layer, p = make(rng, cfg)
+    x = rng.standard_normal((2, 13, 64)).astype(np.float32)
+    pos = rng.integers(0, 6000, size=(2, 13))  # left padding, chunks, anything
+    out = layer.forward(x, is_causal=True, positions=pos)
+    np.testing.assert_allclose(out, np_decoder(p, x, cfg, positions=pos), atol=2e-4, rtol=1e-4)
+    # One row for every sequence; 0 .. L-1 given explicitly is the default bit for bit.
+    row = rng.integers(0, 100, size=13).astype(np.int32)
+    np.testing.assert_array_equal(layer.forward(x, positions=row),
+                                  layer.forward(x, positions=np.stack([row, row])))
+    np.testing.assert_array_equal(layer.forward(x, positions=np.arange(13)), layer.forward(x))
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "qk_norm_only"])
+def test_forward_varlen_equals_each_sequence_alone(name):
+    rng = np.random.default_rng(22)
+    cfg = dict(heads=4, kv_heads=2, head_dim=16, **CASES[name])
+    layer, p = make(rng, cfg)
+    lens = [5, 0, 12, 1, 7]
+    cu = np.concatenate(([0], np.cumsum(lens)))
+    x = rng.standard_normal((cu[-1], 64)).astype(np.float32)
+    out = layer.forward_varlen(x, cu, is_causal=True)
+    assert out.shape == x.shape
+    for b, n in enumerate(lens):
+        if n:
+            ref = np_decoder(p, x[None, cu[b]:cu[b + 1]], cfg)[0]
+            np.testing.assert_allclose(out[cu[b]:cu[b + 1]], ref, atol=2e-4, rtol=1e-4)
+    if cfg.get("rope") is not None:  # explicit positions: each sequence continues at 100 b
+        pos = np.concatenate([100 * b + np.arange(n) for b, n in enumerate(lens)])
+        out = layer.forward_varlen(x, cu, is_causal=True, positions=pos)
+        for b, n in enumerate(lens):
+            if n:
+                ref = np_decoder(p, x[None, cu[b]:cu[b + 1]], cfg,
+                                 positions=pos[None, cu[b]:cu[b + 1]])[0]
+                np.testing.assert_allclose(out[cu[b]:cu[b + 1]], ref, atol=2e-4, rtol=1e-4)
+
+
+def test_bad_positions_and_offsets_name_them():
+    rng = np.random.default_rng(23)
+    cfg = dict(heads=4, kv_heads=2, head_dim=16, **CASES["neox"])
+    layer, _ = make(rng, cfg)
+    plain, _ = make(rng, dict(heads=4, kv_heads=2, head_dim=16))
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    out = np.full_like(x, 7.0)
+    with pytest.raises(cpuattn.Error, match="MhaConfig::rope"):
+        plain.forward(x, positions=np.arange(3), out=out)
+    with pytest.raises(cpuattn.Error, match=r"positions \[3,2\] must be \[2,3\] or \[3\]"):
+        layer.forward(x, positions=np.zeros((3, 2), np.int64), out=out)
+    with pytest.raises(cpuattn.Error, match=r"positions\[1,0\] = -4"):
+        layer.forward(x, positions=np.array([[0, 1, 2], [-4, 1, 2]]), out=out)
+    with pytest.raises(cpuattn.Error, match="positions has dtype float"):
+        layer.forward(x, positions=np.zeros((2, 3)), out=out)
+    with pytest.raises(cpuattn.Error, match=r"cu_seqlens\[2\] = 5"):
+        layer.forward_varlen(x.reshape(6, 64), [0, 4, 5], out=out.reshape(6, 64))
+    assert np.all(out == 7.0)
 
 
 @pytest.mark.parametrize("kwargs, message", [
