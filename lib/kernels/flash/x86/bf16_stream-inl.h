@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtypes.h"
 #include "core/problem.h"
@@ -161,6 +162,34 @@ struct Bf16Stream {
   // 32 columns and two keys: two loads, two shuffles and R instructions, where the f32 path
   // widens four vectors and runs 4R FMAs (docs/performance.md#dm-native-pv-runs). Pb is the rows' P
   // rounded to bf16 (RoundRow), row stride pbs.
+  // Keys t and t + 1 of a run (kPair), or key t alone with a zero row and a zero probability (a
+  // run's odd last key), into acc. A pair's two bf16 weights are adjacent in Pb: one 32-bit
+  // broadcast from memory, where assembling them in a register cost five operations per row.
+  template <int R, int G, bool kPair>
+  static CPUATTN_ALWAYS_INLINE void PvRunsStep(const std::uint16_t* CPUATTN_RESTRICT p,
+                                               std::int64_t pbs,
+                                               const std::uint16_t* CPUATTN_RESTRICT v,
+                                               std::int64_t v_stride, std::int64_t t,
+                                               __m512 (&acc)[R][2 * G]) {
+    __m512bh vv[2 * G];
+    CPUATTN_UNROLL(2)
+    for (int g = 0; g < G; ++g) {
+      const __m512i a = _mm512_loadu_si512(v + t * v_stride + 32 * g);
+      const __m512i b =
+          kPair ? _mm512_loadu_si512(v + (t + 1) * v_stride + 32 * g) : _mm512_setzero_si512();
+      vv[2 * g] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      vv[2 * g + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    }
+    CPUATTN_UNROLL(8)
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t w = p[r * pbs + t];
+      if constexpr (kPair) std::memcpy(&w, p + r * pbs + t, sizeof w);
+      const auto pw = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < 2 * G; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pw, vv[c]);
+    }
+  }
+
   template <int R, int G>
   static CPUATTN_ALWAYS_INLINE void PvRunsTile(const std::uint16_t* CPUATTN_RESTRICT pb,
                                                std::int64_t pbs, const VRun<detail::Bf16>* runs,
@@ -177,27 +206,9 @@ struct Bf16Stream {
       const auto* v = reinterpret_cast<const std::uint16_t*>(runs[i].v) + c0;
       const std::uint16_t* p = pb + runs[i].j0;
       const std::int64_t n = runs[i].n;
-      for (std::int64_t t = 0; t < n; t += 2) {
-        // An odd run's last key goes with a zero row and a zero probability.
-        const bool pair = t + 1 < n;
-        __m512bh vv[2 * G];
-        CPUATTN_UNROLL(2)
-        for (int g = 0; g < G; ++g) {
-          const __m512i a = _mm512_loadu_si512(v + t * v_stride + 32 * g);
-          const __m512i b =
-              pair ? _mm512_loadu_si512(v + (t + 1) * v_stride + 32 * g) : _mm512_setzero_si512();
-          vv[2 * g] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-          vv[2 * g + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-        }
-        CPUATTN_UNROLL(8)
-        for (int r = 0; r < R; ++r) {
-          std::uint32_t w = p[r * pbs + t];
-          if (pair) w |= static_cast<std::uint32_t>(p[r * pbs + t + 1]) << 16;
-          const auto pw = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
-          CPUATTN_UNROLL(4)
-          for (int c = 0; c < 2 * G; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pw, vv[c]);
-        }
-      }
+      std::int64_t t = 0;
+      for (; t + 1 < n; t += 2) PvRunsStep<R, G, true>(p, pbs, v, v_stride, t, acc);
+      if (t < n) PvRunsStep<R, G, false>(p, pbs, v, v_stride, t, acc);
     }
     CPUATTN_UNROLL(8)
     for (int r = 0; r < R; ++r) {
