@@ -26,13 +26,14 @@ void run_gemm(GemmProblem& g, Context& ctx) {
     // Blocking only decides which thread computes what (each C element sums in the same order
     // whatever the blocks, and on either path), so it may follow the thread count. Row blocks of
     // 8 micro-panels (96 rows on AVX-512) keep the packed rows in L2; when that leaves fewer than
-    // 4 tasks per thread (short inputs, decoding) the panels are split as well. At most one
-    // micro-panel of rows (decoding) takes the matrix-vector path, which streams B once.
+    // 4 tasks per thread (short inputs, decoding) the panels are split as well. At most kGemvRows
+    // rows (decoding) take the matrix-vector path, which streams B once, in one row block.
     const std::int64_t threads = tbb::this_task_arena::max_concurrency();
     const std::int64_t want = 4 * threads;
     if (g.p_end < 0) g.p_end = g.b->panels;
     const std::int64_t panels = g.p_end - g.p_begin;
-    g.row_block = std::min((g.M + mr - 1) / mr, kGemmRowPanels) * mr;
+    const bool gemv = g.M <= kGemvRows;
+    g.row_block = gemv ? g.M : std::min((g.M + mr - 1) / mr, kGemmRowPanels) * mr;
     g.row_tasks = (g.M + g.row_block - 1) / g.row_block;
     g.panel_block = panels;
     while (g.row_tasks * ((panels + g.panel_block - 1) / g.panel_block) < want &&
@@ -40,7 +41,7 @@ void run_gemm(GemmProblem& g, Context& ctx) {
       g.panel_block = (g.panel_block + 1) / 2;
     }
     g.panel_tasks = (panels + g.panel_block - 1) / g.panel_block;
-    const auto task = g.M <= mr ? gk.gemv_task : gk.task;
+    const auto task = gemv ? gk.gemv_task : gk.task;
     if (rec != nullptr) {
       const double M = static_cast<double>(g.M), K = static_cast<double>(g.b->K),
                    N = static_cast<double>(std::min(g.b->N - g.p_begin * PackedMatrix::kPanel,

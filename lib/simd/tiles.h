@@ -21,7 +21,8 @@ struct BlockShape {
 
 // kScoreRows x kScoreCols: vectors of the score micro-kernel's accumulator tile (rows of Q x
 // vectors of keys); kPvRows x kPvCols the same for P V; kGemmRows the rows of the dense
-// product's tile (its columns are one 32-float panel).
+// product's tile (its columns are one 32-float panel); kGemvRows the rows of the matrix-vector
+// tile (kernels/gemm/gemv-inl.h: one panel row of B in registers beside the accumulators).
 // Keyed by the x86 vector width (0 off x86) and the ARM one (0 off ARM's vector targets).
 template <int kBits, int kArmBits = 0>
 struct Tiles;
@@ -32,19 +33,24 @@ struct Tiles;
 template <>
 struct Tiles<512> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 12;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // AVX2, 16 registers: 6x2 accumulators + 2 operands + 1 broadcast in both micro-kernels. Dense
-// product: a 32-column panel is 4 vectors, 3 rows = 12 accumulators.
+// product: a 32-column panel is 4 vectors, 3 rows = 12 accumulators. The matrix-vector tile
+// holds a panel row of B (4 vectors) beside them: 2 rows (8 accumulators + 4 + 1); 3 rows left
+// 17 values for 16 registers (docs/performance.md#dm-gemv-groups).
 template <>
 struct Tiles<256> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 2, kPvRows = 6, kPvCols = 2, kGemmRows = 3;
+  static constexpr int kGemvRows = 2;
 };
 
 // SSE4, 16 registers: as AVX2; a 32-column panel is 8 vectors, so 1 row = 8 accumulators.
 template <>
 struct Tiles<128> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 2, kPvRows = 6, kPvCols = 2, kGemmRows = 1;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // NEON and SVE at 128 bits, 32 registers of 4 floats: the AVX-512 score and P V tiles (6x4
@@ -53,6 +59,7 @@ struct Tiles<128> : BlockShape {
 template <>
 struct Tiles<0, 128> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 3;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // SVE at 256 bits (Neoverse V1), 32 registers of 8 floats: the same 6x4 tiles (32-key panels).
@@ -60,18 +67,21 @@ struct Tiles<0, 128> : BlockShape {
 template <>
 struct Tiles<0, 256> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 6;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // SVE at 512 bits (A64FX), 32 registers of 16 floats: AVX-512's tiles (64-key panels).
 template <>
 struct Tiles<0, 512> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 4, kPvRows = 6, kPvCols = 4, kGemmRows = 12;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // The portable fallback targets (Highway's EMU128 and SCALAR): correct rather than fast.
 template <>
 struct Tiles<0> : BlockShape {
   static constexpr int kScoreRows = 4, kScoreCols = 2, kPvRows = 4, kPvCols = 2, kGemmRows = 1;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 }  // namespace cpuattn::simd

@@ -69,11 +69,15 @@ struct GemmProblem {
   std::int64_t p_begin = 0, p_end = -1;
 };
 
+// Products of at most this many rows of A (a decoding step's batch) take the matrix-vector path
+// on every target: B streams once whatever the micro-kernel's rows (kernels/gemm/gemv-inl.h).
+inline constexpr std::int64_t kGemvRows = 12;
+
 struct GemmKernels {
   std::int64_t rows;  // rows of the micro-kernel's tile
   // Task t of a planned product (row block t / panel_tasks, panel block t % panel_tasks).
   void (*task)(const GemmProblem&, std::int64_t t, Scratch&);
-  // The same for M <= rows (decoding): one row task, panel blocks only (kernels/gemm/gemv-inl.h).
+  // The same for M <= kGemvRows (decoding): one row task, panel blocks only.
   void (*gemv_task)(const GemmProblem&, std::int64_t t, Scratch&);
 };
 

@@ -11,6 +11,9 @@
 //     accumulators (R x NP x 32 / lanes): 2 FMA pipes x 4 cycles of latency. One row on one panel
 //     has 2 on AVX-512, and the FMA latency rather than memory would bound the stream;
 //   * prefetches each panel's rows kGemvPrefetchBytes / (NP x row bytes) rows ahead.
+// More rows than the tile's (O::kGemvRows: AVX2's 16 registers hold 2 rows of a panel) go in groups
+// that take each chunk of a panel in turn (GemvGroups): the first group reads it from memory, the
+// others from L1, so B still streams once.
 // Each C element is bias + the sum over k in increasing k, the GEMM's order: the two paths agree
 // bit for bit, so a row's result does not depend on how many rows came with it.
 #if defined(CPUATTN_KERNELS_GEMM_GEMV_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -37,11 +40,52 @@ CPUATTN_NAMESPACE_BEGIN
 // under load.
 inline constexpr std::int64_t kGemvPrefetchBytes = 8192;
 
+// Bytes of one panel that the row groups of GemvGroups take in turn: they stay in L1 (32 KiB or
+// more on every x86 and ARM core cpuattn targets) for the groups after the first.
+inline constexpr std::int64_t kGemvChunkBytes = 16384;
+
 // Adjacent panels walked together for R rows of vectors of `lanes` floats: the fewest that give
 // 8 accumulator chains, at most 4 (4 streams of B, and the registers of AVX2).
 constexpr int GemvPanels(int R, int lanes) {
   const int per_panel = R * static_cast<int>(detail::PackedMatrix::kPanel) / lanes;
   return std::clamp((8 + per_panel - 1) / per_panel, 1, 4);
+}
+
+// Row k of NP adjacent panels (K rows each, from b) into acc for the R rows a of A; with
+// `prefetch`, the row `ahead` rows further of each panel as well.
+template <class O, int R, int NP, class TB>
+CPUATTN_ALWAYS_INLINE void GemvStep(
+    const float* const* a, const TB* CPUATTN_RESTRICT b, std::int64_t K, std::int64_t k,
+    bool prefetch, std::int64_t ahead,
+    typename O::V (&acc)[R][NP][detail::PackedMatrix::kPanel / O::kLanes]) {
+  using V = typename O::V;
+  constexpr std::int64_t P = detail::PackedMatrix::kPanel;
+  constexpr int C = static_cast<int>(P) / O::kLanes;
+  constexpr std::int64_t row_bytes = P * static_cast<std::int64_t>(sizeof(TB));
+  CPUATTN_UNROLL(4)
+  for (int q = 0; q < NP; ++q) {
+    const TB* row = b + (q * K + k) * P;
+    if (prefetch) {
+      const char* pf = reinterpret_cast<const char*>(row + ahead * P);
+      for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
+    }
+    V bv[C];
+    LoadWideN<O, C>(row, bv);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const V av = O::Set(a[r][k]);
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av, bv[j], acc[r][q][j]);
+    }
+  }
+}
+
+// Rows of B ahead of the one being read that a stream of NP panels of TB prefetches.
+template <int NP, class TB>
+constexpr std::int64_t GemvAhead() {
+  constexpr std::int64_t row_bytes =
+      detail::PackedMatrix::kPanel * static_cast<std::int64_t>(sizeof(TB));
+  return std::max<std::int64_t>(1, kGemvPrefetchBytes / (NP * row_bytes));
 }
 
 // C rows [0, R) x panels [0, NP) from `b` (NP adjacent panels of K rows) and the rows `a` of A.
@@ -55,8 +99,7 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(P) / N;
-  constexpr std::int64_t row_bytes = P * static_cast<std::int64_t>(sizeof(TB));
-  constexpr std::int64_t ahead = std::max<std::int64_t>(1, kGemvPrefetchBytes / (NP * row_bytes));
+  constexpr std::int64_t ahead = GemvAhead<NP, TB>();
   V acc[R][NP][C];
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
@@ -69,26 +112,8 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
   // The prefetches stay inside each panel: past its end lie the next panel's first rows, which
   // the next stream of this tile is reading now.
   const std::int64_t k_pf = std::max<std::int64_t>(0, K - ahead);
-  const auto step = [&](std::int64_t k, bool prefetch) __attribute__((always_inline)) {
-    CPUATTN_UNROLL(4)
-    for (int q = 0; q < NP; ++q) {
-      const TB* row = b + (q * K + k) * P;
-      if (prefetch) {
-        const char* pf = reinterpret_cast<const char*>(row + ahead * P);
-        for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
-      }
-      V bv[C];
-      LoadWideN<O, C>(row, bv);
-      CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) {
-        const V av = O::Set(a[r][k]);
-        CPUATTN_UNROLL(32)
-        for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av, bv[j], acc[r][q][j]);
-      }
-    }
-  };
-  for (std::int64_t k = 0; k < k_pf; ++k) step(k, true);
-  for (std::int64_t k = k_pf; k < K; ++k) step(k, false);
+  for (std::int64_t k = 0; k < k_pf; ++k) GemvStep<O, R, NP, TB>(a, b, K, k, true, ahead, acc);
+  for (std::int64_t k = k_pf; k < K; ++k) GemvStep<O, R, NP, TB>(a, b, K, k, false, ahead, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
@@ -99,6 +124,93 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
       for (int j = 0; j < C; ++j) O::StoreU(acc[r][q][j], dst + j * N);
       if (ragged) std::copy(tile, tile + cols, c[r] + q * P);
     }
+  }
+}
+
+// Rows [k0, k1) of one panel (K rows, from b) for R rows a of A, continuing the sums in part
+// (R rows of kPanel floats; from the bias, or 0, when k0 is 0). Only the group that reads the
+// chunk first (`prefetch`) asks for the rows ahead.
+template <class O, int R, class TB>
+CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RESTRICT b,
+                                     std::int64_t K, std::int64_t k0, std::int64_t k1,
+                                     const float* bias, float* part, bool prefetch) {
+  using V = typename O::V;
+  constexpr std::int64_t P = detail::PackedMatrix::kPanel;
+  constexpr int N = O::kLanes;
+  constexpr int C = static_cast<int>(P) / N;
+  constexpr std::int64_t ahead = GemvAhead<1, TB>();
+  V acc[R][1][C];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j)
+      acc[r][0][j] = k0 > 0 ? O::Load(part + r * P + j * N)
+                     : bias ? O::Load(bias + j * N)
+                            : O::Zero();
+  }
+  const std::int64_t k_pf = prefetch ? std::clamp<std::int64_t>(K - ahead, k0, k1) : k0;
+  for (std::int64_t k = k0; k < k_pf; ++k) GemvStep<O, R, 1, TB>(a, b, K, k, true, ahead, acc);
+  for (std::int64_t k = k_pf; k < k1; ++k) GemvStep<O, R, 1, TB>(a, b, K, k, false, ahead, acc);
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) O::Store(acc[r][0][j], part + r * P + j * N);
+  }
+}
+
+// M rows (more than O::kGemvRows, at most detail::kGemvRows) over panels [p0, p1): each chunk of
+// kGemvChunkBytes of a panel is taken by groups of at most O::kGemvRows rows in turn, sizes as even
+// as the count allows; the sums live in part (M x kPanel floats) between chunks and go to C once
+// the panel is done. C's column 0 is panel c0's.
+template <class O, class TB>
+void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, const TB* b0,
+                std::int64_t p0, std::int64_t p1, std::int64_t c0, float* const* cbase,
+                float* part) {
+  constexpr std::int64_t P = detail::PackedMatrix::kPanel;
+  constexpr int T = O::kGemvRows;
+  const std::int64_t K = B.K;
+  const std::int64_t kc =
+      std::max<std::int64_t>(1, kGemvChunkBytes / (P * static_cast<std::int64_t>(sizeof(TB))));
+  const int groups = (M + T - 1) / T;
+  for (std::int64_t p = p0; p < p1; ++p) {
+    const TB* bp = b0 + p * K * P;
+    const float* bias = B.has_bias ? B.bias.data() + p * P : nullptr;
+    for (std::int64_t k0 = 0; k0 < K; k0 += kc) {
+      const std::int64_t k1 = std::min(K, k0 + kc);
+      for (int g = 0, r0 = 0; g < groups; ++g) {
+        const int R = M / groups + (g < M % groups ? 1 : 0);
+        const auto chunk = [&](auto r_tag) {
+          constexpr int n = decltype(r_tag)::value;
+          GemvChunk<O, n, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P, g == 0);
+        };
+        static_assert(T <= 12, "extend the switch below");
+        switch (R) {
+#define CPUATTN_GEMV_GROUP_CASE(n)                                 \
+  case n:                                                          \
+    if constexpr (n <= T) chunk(std::integral_constant<int, n>{}); \
+    break;
+          CPUATTN_GEMV_GROUP_CASE(1)
+          CPUATTN_GEMV_GROUP_CASE(2)
+          CPUATTN_GEMV_GROUP_CASE(3)
+          CPUATTN_GEMV_GROUP_CASE(4)
+          CPUATTN_GEMV_GROUP_CASE(5)
+          CPUATTN_GEMV_GROUP_CASE(6)
+          CPUATTN_GEMV_GROUP_CASE(7)
+          CPUATTN_GEMV_GROUP_CASE(8)
+          CPUATTN_GEMV_GROUP_CASE(9)
+          CPUATTN_GEMV_GROUP_CASE(10)
+          CPUATTN_GEMV_GROUP_CASE(11)
+          CPUATTN_GEMV_GROUP_CASE(12)
+#undef CPUATTN_GEMV_GROUP_CASE
+          default:
+            break;
+        }
+        r0 += R;
+      }
+    }
+    const std::int64_t cols = std::min(P, B.N - p * P);
+    for (int r = 0; r < M; ++r)
+      std::copy(part + r * P, part + r * P + cols, cbase[r] + (p - c0) * P);
   }
 }
 
@@ -131,12 +243,22 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   const detail::PackedMatrix& B = *g.b;
   const std::int64_t p0 = g.p_begin + (t % g.panel_tasks) * g.panel_block;
   const std::int64_t p1 = std::min(g.p_end, p0 + g.panel_block);
-  float* tile = scratch.get(static_cast<std::size_t>(P));
-  const float* a[O::kGemmRows];
-  float* c[O::kGemmRows];
+  float* tile = scratch.get(static_cast<std::size_t>(P * detail::kGemvRows));
+  const float* a[detail::kGemvRows];
+  float* c[detail::kGemvRows];
   for (std::int64_t r = 0; r < g.M; ++r) {
     a[r] = g.a.row(r);
     c[r] = g.c.row(r);
+  }
+  if (g.M > O::kGemvRows) {
+    if (B.dtype == DType::bf16) {
+      GemvGroups<O>(a, static_cast<int>(g.M), B,
+                    reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)), p0, p1, g.p_begin, c,
+                    tile);
+    } else {
+      GemvGroups<O>(a, static_cast<int>(g.M), B, B.panel(0), p0, p1, g.p_begin, c, tile);
+    }
+    return;
   }
   const auto rows = [&](auto r_tag) {
     constexpr int R = decltype(r_tag)::value;
@@ -147,11 +269,11 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
       GemvRowsOf<O, R>(a, B, B.panel(0), p0, p1, g.p_begin, c, tile);
     }
   };
-  static_assert(O::kGemmRows <= 12, "extend the switch below");
+  static_assert(O::kGemvRows <= 12, "extend the switch below");
   switch (g.M) {
 #define CPUATTN_GEMV_CASE(n)                                                 \
   case n:                                                                    \
-    if constexpr (n <= O::kGemmRows) rows(std::integral_constant<int, n>{}); \
+    if constexpr (n <= O::kGemvRows) rows(std::integral_constant<int, n>{}); \
     break;
     CPUATTN_GEMV_CASE(1)
     CPUATTN_GEMV_CASE(2)
