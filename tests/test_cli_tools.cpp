@@ -135,6 +135,42 @@ TEST_F(Cli, TraceEnvWritesTheTraceAtExit) {
   EXPECT_EQ(calls, 3);
 }
 
+// The model's limit beside each record: at the record's own probes, no shorter than the read time
+// of its bytes or the FMA time of its flops at the peak, and %limit the measured fraction of it;
+// a decode step's projections and cache read add up (M2: both parts, at least each alone).
+TEST_F(Cli, BenchReportsTheModelLimit) {
+  const Result r =
+      run("bench --shape 1,2,64,64,16 --shape 1,4,1,2048,64,2 --shape M2 --threads 1 "
+          "--repeat 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Json> recs = json_lines(r.out);
+  ASSERT_EQ(recs.size(), 3u) << r.out;
+  for (const Json& j : recs) {
+    SCOPED_TRACE(j.dump());
+    const double limit = j.at("limit_ms").get<double>(), med = j.at("median_ms").get<double>();
+    const double fma_ms = j.at("gflops").get<double>() * med / j.at("peak_gflops").get<double>();
+    const double read_ms = j.at("gbps").get<double>() * med / j.at("read_gbps").get<double>();
+    EXPECT_GE(limit, fma_ms * 0.999);
+    EXPECT_NEAR(j.at("pct_limit").get<double>(), 100.0 * limit / med, 1e-9 * limit / med);
+    const std::string bound = j.at("limit").get<std::string>();
+    EXPECT_TRUE(bound == "fma" || bound == "bw" || bound == "fma+bw") << bound;
+    if (j.contains("pct_bw")) {
+      EXPECT_GE(limit, read_ms * 0.999);
+    }
+  }
+  // Attention's FMA share beside the softmax: (D + Dv) / (D + Dv + 15) of the peak at most, so
+  // the prefill's limit is its FMA time at the peak divided by that share.
+  const Json& pre = recs[0];
+  const double fma_ms = pre.at("gflops").get<double>() * pre.at("median_ms").get<double>() /
+                        pre.at("peak_gflops").get<double>();
+  if (pre.at("limit").get<std::string>() == "fma") {
+    EXPECT_NEAR(pre.at("limit_ms").get<double>(), fma_ms * (32.0 + 15.0) / 32.0, 1e-6 * fma_ms);
+  }
+  // Every table row carries the columns.
+  const Result t = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 1");
+  EXPECT_NE(t.out.find("limit_ms bound   %limit"), std::string::npos) << t.out;
+}
+
 TEST_F(Cli, BenchSweepsParseInEveryFormat) {
   const Result seq =
       run("bench --sweep seq --shape 1,2,64,64,16 --values 32,64,96 --threads 1 --repeat 1 --json");

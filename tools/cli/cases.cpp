@@ -175,6 +175,32 @@ const char* variant_name(ScoreVariant v) {
   }
 }
 
+double attention_fma_share(std::int64_t D, std::int64_t Dv, bool pairs) {
+  const double products = static_cast<double>(D + Dv);
+  return products / ((pairs ? 0.5 : 1.0) * products + kSoftmaxOpsPerScore);
+}
+
+double limit_ms(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
+                bool native) {
+  double ms = 0;
+  for (const WorkPart& w : parts) {
+    const double share = native ? w.fma_share_native : w.fma_share;
+    ms +=
+        std::max(w.flops / (peak_gflops * share), read_gbps > 0 ? w.bytes / read_gbps : 0.0) * 1e-6;
+  }
+  return ms;
+}
+
+std::string limit_kind(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
+                       bool native) {
+  bool fma = false, bw = false;
+  for (const WorkPart& w : parts) {
+    const double share = native ? w.fma_share_native : w.fma_share;
+    (w.flops / (peak_gflops * share) >= w.bytes / read_gbps ? fma : bw) = true;
+  }
+  return fma && bw ? "fma+bw" : fma ? "fma" : "bw";
+}
+
 Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant variant) {
   struct Data {
     StoredTensor q, k, v;
@@ -205,7 +231,10 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
       (double(s.D + s.Dv) * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8.0 : 0.0));
   std::string dims = s.dims();
   if (variant != ScoreVariant::plain) dims += std::string(" +") + variant_name(variant);
-  Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}};
+  Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}, {}};
+  const bool pairs = dtype == DType::bf16 && kv_dtype == DType::bf16;
+  c.parts = {
+      {s.flops(), kv_bytes, attention_fma_share(s.D, s.Dv), attention_fma_share(s.D, s.Dv, pairs)}};
   c.run = [d, s, opts, dtype, kv_dtype](Context& ctx) {
     attention(TensorView::contiguous(d->q.data(), dtype, {s.B, s.H, s.Lq, s.D}),
               TensorView::contiguous(d->k.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.D}),
@@ -326,7 +355,8 @@ std::optional<Case> packed_case(const std::string& name) {
                            (padded         ? "padded to 512"
                             : name == "V1" ? "packed"
                                            : "one call each");
-  Case c{name, dims, flops, 0, false, {}};
+  Case c{name, dims, flops, 0, false, {}, {}};
+  c.parts = {{flops, 0, attention_fma_share(kD, kD), attention_fma_share(kD, kD)}};
   if (name == "V1") {
     c.run = [d, total](Context& ctx) {
       const auto view = [&](const float* p) {
@@ -389,7 +419,8 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   const std::string dims =
       "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
       (name == "G1c" ? std::string("contiguous") : "pages of " + std::to_string(P) + ", shuffled");
-  Case c{name, dims, 4.0 * kD * kH * kB * kL, kv_bytes, true, {}};
+  Case c{name, dims, 4.0 * kD * kH * kB * kL, kv_bytes, true, {}, {}};
+  c.parts = {{c.flops, kv_bytes, attention_fma_share(kD, kD), attention_fma_share(kD, kD)}};
   const TensorView q = f32_view(d->q.data(), {kB, kH, 1, kD});
   const OutputView out = f32_view(d->out.data(), {kB, kH, 1, kD});
   if (name == "G1c") {
@@ -441,16 +472,21 @@ Case llama_decode_case(const std::string& name, DType kv_dtype) {
   const double bytes =
       2.0 * weights + (double(dtype_size(kv_dtype)) * kHd + (needs_scales(kv_dtype) ? 4.0 : 0.0)) *
                           2.0 * kHkv * B * (kCtx + 1);
-  return Case{name,
-              "Llama decode B" + std::to_string(B) + " ctx4096 bf16 W",
-              proj + attn,
-              bytes,
-              true,
-              [=](Context& ctx) {
-                layer->decode(f32_view(x->data(), {B, 1, kD}), *cache,
-                              f32_view(out->data(), {B, 1, kD}), {}, &ctx);
-                cache->truncate(kCtx);  // every run attends to 4097 tokens
-              }};
+  Case c{name,
+         "Llama decode B" + std::to_string(B) + " ctx4096 bf16 W",
+         proj + attn,
+         bytes,
+         true,
+         [=](Context& ctx) {
+           layer->decode(f32_view(x->data(), {B, 1, kD}), *cache, f32_view(out->data(), {B, 1, kD}),
+                         {}, &ctx);
+           cache->truncate(kCtx);  // every run attends to 4097 tokens
+         },
+         {}};
+  // The projections stream the weights, then the attention streams the cache.
+  const double share = attention_fma_share(kHd, kHd);
+  c.parts = {{proj, 2.0 * weights, 1, 1}, {attn, bytes - 2.0 * weights, share, share}};
+  return c;
 }
 
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType weights) {
@@ -464,9 +500,17 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
     fill(*x, 9);
     fill(w, 10);
     auto lin = std::make_shared<Linear>(f32_view(w.data(), {K, N}));
-    return Case{"L1", "Linear M4096 K768 N2304", 2.0 * M * K * N, 0, false, [=](Context& ctx) {
-                  lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
-                }};
+    Case c{"L1",
+           "Linear M4096 K768 N2304",
+           2.0 * M * K * N,
+           0,
+           false,
+           [=](Context& ctx) {
+             lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
+           },
+           {}};
+    c.parts = {{c.flops, 4.0 * (M * K + K * N + M * N), 1, 1}};
+    return c;
   }
   const bool decoder = name == "M1rope" || name == "M2rope";
   const std::string plus = decoder ? " +rope+qknorm" : "";
@@ -478,10 +522,19 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
     fill(*x, 11);
     const double proj = 2.0 * B * L * kDm * kDm * 4;  // Q, K, V and output projections
     const double attn = 4.0 * B * kHeads * L * L * (kDm / kHeads);
-    return Case{name, "MHA B8 L512 d768 H12" + plus, proj + attn, 0, false, [=](Context& ctx) {
-                  layer->forward(f32_view(x->data(), {B, L, kDm}),
-                                 f32_view(out->data(), {B, L, kDm}), {}, &ctx);
-                }};
+    Case c{name,
+           "MHA B8 L512 d768 H12" + plus,
+           proj + attn,
+           0,
+           false,
+           [=](Context& ctx) {
+             layer->forward(f32_view(x->data(), {B, L, kDm}), f32_view(out->data(), {B, L, kDm}),
+                            {}, &ctx);
+           },
+           {}};
+    const double share = attention_fma_share(kDm / kHeads, kDm / kHeads);
+    c.parts = {{proj, 0, 1, 1}, {attn, 0, share, share}};
+    return c;
   }
   if (name == "M2" || name == "M2rope") {  // one new token per sequence, 8 sequences, 4096 cached
     const std::int64_t B = 8;
@@ -502,16 +555,21 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
         (weights == DType::bf16 ? 2.0 : 4.0) * 4 * kDm * kDm +
         (double(dtype_size(kv_dtype)) * kDm + (needs_scales(kv_dtype) ? 4.0 * kHeads : 0.0)) * 2.0 *
             B * (kTokens + 1);
-    return Case{name,
-                "MHA decode B8 cache4096 d768 H12" + plus,
-                proj + attn,
-                bytes,
-                true,
-                [=](Context& ctx) {
-                  layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
-                                f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
-                  cache->truncate(kTokens);  // drop the new token: every run sees 4097
-                }};
+    Case c{name,
+           "MHA decode B8 cache4096 d768 H12" + plus,
+           proj + attn,
+           bytes,
+           true,
+           [=](Context& ctx) {
+             layer->decode(f32_view(x->data(), {B, 1, kDm}), *cache,
+                           f32_view(out->data(), {B, 1, kDm}), {}, &ctx);
+             cache->truncate(kTokens);  // drop the new token: every run sees 4097
+           },
+           {}};
+    const double wbytes = (weights == DType::bf16 ? 2.0 : 4.0) * 4 * kDm * kDm;
+    const double share = attention_fma_share(kDm / kHeads, kDm / kHeads);
+    c.parts = {{proj, wbytes, 1, 1}, {attn, bytes - wbytes, share, share}};
+    return c;
   }
   if (name == "LD1" || name == "LD8") return llama_decode_case(name, kv_dtype);
   return std::nullopt;

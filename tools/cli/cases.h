@@ -17,14 +17,40 @@ using Shape = bench::Shape;
 // Throws std::invalid_argument naming the text.
 Shape parse_shape(const std::string& text, bool causal);
 
-// One timed case: its work (FLOPs, and the bytes it must stream for memory-bound cases) and a
-// function that runs it once on a context. Inputs are made once per case, outside the timing.
+// A part of a case's work as the roofline model sees it: `flops` on the FMA pipes, of which they
+// can spend `fma_share` on the counted flops (attention's softmax runs on the same pipes;
+// `fma_share_native` when the products ran as bf16 pairs, two multiply-adds a lane), and `bytes`
+// that must come from memory. It takes the longer of its FMA time and its read time.
+struct WorkPart {
+  double flops = 0, bytes = 0, fma_share = 1, fma_share_native = 1;
+};
+
+// One timed case: its work (FLOPs, and the bytes it must stream for memory-bound cases), the
+// parts of that work for the model's limit, and a function that runs it once on a context.
+// Inputs are made once per case, outside the timing.
 struct Case {
   std::string name, dims;
   double flops = 0, bytes = 0;
   bool memory_bound = false;  // report GB/s against the read bandwidth as well
   std::function<void(Context&)> run;
+  std::vector<WorkPart> parts;  // done one after another
 };
+
+// Vector operations per attention score besides the products (max, subtract, exp, sum, scale
+// and the conversions): they run on the FMA pipes.
+inline constexpr double kSoftmaxOpsPerScore = 15;
+// The share of the FMA pipes' work that is counted flops in attention with head dims D and Dv:
+// per score D + Dv multiply-adds (half as many instructions as bf16 pairs: `pairs`) against
+// kSoftmaxOpsPerScore other operations.
+double attention_fma_share(std::int64_t D, std::int64_t Dv, bool pairs = false);
+// The model's time for `parts` at `peak_gflops` (f32 FMA) and `read_gbps`, in ms: each part the
+// longer of its FMA and read times, the parts one after another. `native`: bf16 pairs ran.
+double limit_ms(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
+                bool native);
+// "fma", "bw" or "fma+bw": which bound sets the limit of each part (both kinds: a decode step's
+// projections and its cache read).
+std::string limit_kind(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
+                       bool native);
 
 // A dtype by name (cpuattn::parse_dtype): one of Q's (f32, bf16, f16), or with `kv` any K/V dtype
 // of the library's list; throws std::invalid_argument naming `flag` and the choices.

@@ -238,8 +238,9 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     }
   }
   const bool threads_sweep = o.sweep == "threads";
-  std::printf("\n%-6s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target",
-              "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
+  std::printf("\n%-6s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s %9s %-6s %7s", "shape", "dims",
+              "target", "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw",
+              "limit_ms", "bound", "%limit");
   if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
   std::printf("\n");
   for (const Json& r : recs) {
@@ -257,6 +258,8 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     } else {
       std::printf(" %6s", "");
     }
+    std::printf(" %9.3f %-6s %6.1f%%", r["limit_ms"].get<double>(),
+                r["limit"].get<std::string>().c_str(), r["pct_limit"].get<double>());
     if (threads_sweep) {
       std::printf(" %8.2f %5.0f%% %8.2f", r["speedup"].get<double>(),
                   100.0 * r["efficiency"].get<double>(), r["fma_speedup"].get<double>());
@@ -300,6 +303,7 @@ int run_bench(const Options& o) {
     double flops, bytes;
     bool memory_bound;
     Target cap;
+    std::vector<WorkPart> parts;
   };
   std::vector<Row> rows;
   const auto start = std::chrono::steady_clock::now();
@@ -380,7 +384,7 @@ int run_bench(const Options& o) {
       r["median_ms"] = ms[i][ms[i].size() / 2];
       r["best_ms"] = ms[i].front();
       if (point_probe) r["point_fma_gflops"] = point_fma;
-      rows.push_back({std::move(r), ci.flops, ci.bytes, ci.memory_bound, vi.cap});
+      rows.push_back({std::move(r), ci.flops, ci.bytes, ci.memory_bound, vi.cap, ci.parts});
     }
   }
   if (progress_shown) std::fprintf(stderr, "\r%60s\r", "");
@@ -403,6 +407,12 @@ int run_bench(const Options& o) {
     r["tile_gflops"] = probes.tile[key];
     r["read_gbps"] = probes.bw[key];
     if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
+    // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
+    // share of the peak or read time, whichever is longer, part after part.
+    const bool native = r.value("bf16_path", "") == "avx512_bf16";
+    r["limit_ms"] = limit_ms(row.parts, probes.peak[key], probes.bw[key], native);
+    r["limit"] = limit_kind(row.parts, probes.peak[key], probes.bw[key], native);
+    r["pct_limit"] = 100.0 * r["limit_ms"].get<double>() / med;
     if (o.sweep == "threads") {
       double base_ms = 0;
       for (const Row& other : rows) {
@@ -461,6 +471,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "GB/s and % of read bandwidth, next to the score micro-kernel alone on L1 data (the ceiling\n"
       "of the kernel's arithmetic). The probes run before and after the cases; the best reading\n"
       "of each is kept. Several targets and providers are timed in turns in one run.\n"
+      "limit_ms is the model's time at those probes: each part of the work (a decode step: the\n"
+      "projections, then the attention) takes the longer of its FMA time and its read time, the\n"
+      "FMA time of attention at the share of the pipes its products get beside the softmax's\n"
+      "~15 operations per score ((D + Dv) / (D + Dv + 15): 89.5% at D 64); bound says which\n"
+      "(fma, bw or both) and %limit the achieved fraction of that limit.\n"
       "Named shapes: S1 B32 H12 L128 D64; P1 B1 H16 L2048 D64; P2 B1 H16 L2048 D128 causal;\n"
       "X1 B8 H8 Lq64 Lk1024 D64; D1 B4 H32 Hkv8 Lq1 Lk4096 D128; D2 B8 H32 Hkv8 Lq1 Lk16384 D128;\n"
       "W1 B1 H16 L32768 D64 causal with a 4096-token sliding window (not in the default list:\n"
