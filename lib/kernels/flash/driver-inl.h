@@ -75,6 +75,30 @@ CPUATTN_ALWAYS_INLINE TaskCoords DecodeTask(const detail::Problem& p, const deta
   return c;
 }
 
+// The inputs a task reads next, prefetched into L2 while the query block just packed is
+// computed: the next query block's Q rows, or from the last block the next task's first Q rows and
+// first K/V block (tiled blocks only: streamed blocks prefetch their own rows). Without it a short
+// task (S1: one 128-key block per head) starts every read from memory cold; the next task is
+// usually this thread's next one. Issued in `shares` parts as the block's scores and P V run: all
+// at once, most of a 80 KB burst did nothing (docs/performance.md#dm-next-task-prefetch).
+struct InputsAhead {
+  std::int64_t b = 0, h0 = 0, nh = 0, pos0 = 0, rows = 0;  // Q rows (PrefetchQ)
+  std::int64_t hk = 0, kb = 0, nk = 0;                     // K/V keys (PrefetchKV)
+  std::int64_t issued = 0, shares = 0;
+
+  // The next share, until all are issued.
+  void Next(const detail::Problem& p) {
+    if (issued >= shares) return;
+    const std::int64_t i = issued++;
+    PrefetchQ(p, b, h0, nh, pos0, rows * i / shares, rows * (i + 1) / shares);
+    const std::int64_t j0 = nk * i / shares, j1 = nk * (i + 1) / shares;
+    if (j1 > j0) PrefetchKV(p, b, hk, kb + j0, j1 - j0);
+  }
+  void Rest(const detail::Problem& p) {
+    while (issued < shares) Next(p);
+  }
+};
+
 // The task's arrays in its scratch (TaskScratch, config.h).
 struct TaskBuffers {
   float* qp;
@@ -83,6 +107,7 @@ struct TaskBuffers {
   RowMask* rm;
   std::uint16_t* pb;
   std::int64_t packed_blocks = 0;  // with keep_packed: K/V blocks [0, packed_blocks) are ready
+  InputsAhead ahead;               // what the task reads next (RunTask)
 };
 
 template <class O>
@@ -379,6 +404,7 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
       const HeadRows hr{j, tc.hk + j, static_cast<int>(j) * q.head_rows,
                         static_cast<int>(j + 1) * q.head_rows};
       ScoreBlock<O, kNative>(p, tc, q, g, kb, hr, mi, tb, clock);
+      tb.ahead.Next(p);
       for (int r = hr.lo; r < hr.hi; ++r)
         OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
                             g.DvP);
@@ -389,6 +415,7 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
       } else {
         PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb);
       }
+      tb.ahead.Next(p);
       clock.lap(Phase::pv);
     }
   }
@@ -414,6 +441,33 @@ void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const Tas
   }
 }
 
+// The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the
+// block (one after its scores, one after its P V).
+template <class O>
+InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                          const TaskCoords& tc, const QueryBlock& q, std::int64_t qb,
+                          const Geometry<O>& g) {
+  InputsAhead a;
+  const auto packed = [](const QueryBlock& b) {
+    return b.path.kv == detail::KvUnit::packed_f32 || b.path.kv == detail::KvUnit::packed_bf16;
+  };
+  if (!packed(q)) return a;
+  if (qb + 1 < tc.qb1) {
+    const QueryBlock qq = QueryBlockOf<O>(p, pl, tc, g, qb + 1);
+    a = {tc.b, tc.h0, tc.nh, qq.pos0, qq.rows};
+  } else if (t + 1 < pl.tasks) {
+    const TaskCoords tn = DecodeTask(p, pl, t + 1);
+    const QueryBlock qn = QueryBlockOf<O>(p, pl, tn, g, tn.qb0);
+    if (!packed(qn)) return a;
+    a = {tn.b,    tn.h0, tn.nh,       qn.pos0,
+         qn.rows, tn.hk, qn.kb_first, std::clamp<std::int64_t>(tn.k1 - qn.kb_first, 0, g.Nk)};
+  } else {
+    return a;
+  }
+  a.shares = 2 * std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk) * tc.nhk;
+  return a;
+}
+
 // Runs task t of the plan (see TaskCoords). With a log (profiling on) the time is split into
 // phases at every step of every key block; without one each step's check is a predicted branch.
 template <class O, bool kNative = false>
@@ -428,11 +482,13 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
     QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
     q.k_lo = PackQueries<O, kNative>(p, tc, q, tb);
+    tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     clock.lap(Phase::pack_q);
     SetRowSlopes(p, tc, q, mi, tb.rm);
     RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, false, clock);
     if (!AccFinite<O>(tb.acc, q.rows * g.DvP))
       RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, true, clock);
+    tb.ahead.Rest(p);
     WriteQueryBlock<O>(p, pl, tc, q, g, tb);
     clock.lap(Phase::output);
   }

@@ -11,6 +11,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "simd/prefetch.h"
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
 
@@ -48,6 +49,18 @@ void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64
   detail::with_elem(p.q.dtype, [&](auto t) {
     PackQAs<O, decltype(t)>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
   });
+}
+
+// Rows [r0, r1) of those PackQ reads for these arguments, into L2 (see InputsAhead,
+// driver-inl.h).
+inline void PrefetchQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
+                      std::int64_t pos0, std::int64_t r0, std::int64_t r1) {
+  const auto eq = static_cast<std::int64_t>(dtype_size(p.q.dtype));
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const char* src = static_cast<const char*>(p.q.data) +
+                      (b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2]) * eq;
+    for (std::int64_t off = 0; off < p.D * eq; off += 64) detail::Prefetch<2>(src + off);
+  }
 }
 
 CPUATTN_NAMESPACE_END
