@@ -598,62 +598,56 @@ KvCache MultiHeadAttention::make_cache(std::int64_t batch, std::int64_t capacity
   return KvCache(batch, c.kv_heads, c.head_dim, c.value_dim, capacity, growable, dtype, scales);
 }
 
+namespace {
+
+// The self-attention entries (forward, forward_varlen; with positions or not): the call's record
+// and context around the layer's pass. cu_seqlens: packed sequences.
+void self_attention(const std::unique_ptr<MultiHeadAttention::Impl>& impl, const char* name,
+                    const TensorView& x, const TensorView* cu_seqlens, const TensorView* positions,
+                    const OutputView& out, const AttentionOptions& opts, Context* context) {
+  detail::CallScope scope(cu_seqlens != nullptr ? "mha.forward_varlen" : "mha.forward");
+  const MultiHeadAttention::Impl& m = live(impl, name);
+  if (positions != nullptr) m.check_rotates(name);
+  Context& ctx = context != nullptr ? *context : default_context();
+  if (cu_seqlens != nullptr) {
+    m.forward_varlen(x, *cu_seqlens, positions, out, opts, ctx);
+  } else {
+    m.forward(x, x, out, opts, ctx, /*self=*/true, positions);
+  }
+  describe(
+      scope,
+      [&] {
+        std::string s = "x:" + detail::dims_of(x);
+        if (cu_seqlens != nullptr) s += ";sequences:" + std::to_string(cu_seqlens->shape[0] - 1);
+        return positions != nullptr ? s + ";positions" : s;
+      },
+      m.cfg, opts);
+  scope.finish(ctx);
+}
+
+}  // namespace
+
 void MultiHeadAttention::forward(const TensorView& x, const OutputView& out,
                                  const AttentionOptions& opts, Context* context) const {
-  detail::CallScope scope("mha.forward");
-  const Impl& m = live(impl_, "forward");
-  Context& ctx = context != nullptr ? *context : default_context();
-  m.forward(x, x, out, opts, ctx, /*self=*/true);
-  describe(
-      scope, [&] { return "x:" + detail::dims_of(x); }, m.cfg, opts);
-  scope.finish(ctx);
+  self_attention(impl_, "forward", x, nullptr, nullptr, out, opts, context);
 }
 
 void MultiHeadAttention::forward(const TensorView& x, const TensorView& positions,
                                  const OutputView& out, const AttentionOptions& opts,
                                  Context* context) const {
-  detail::CallScope scope("mha.forward");
-  const Impl& m = live(impl_, "forward");
-  m.check_rotates("forward");
-  Context& ctx = context != nullptr ? *context : default_context();
-  m.forward(x, x, out, opts, ctx, /*self=*/true, &positions);
-  describe(
-      scope, [&] { return "x:" + detail::dims_of(x) + ";positions"; }, m.cfg, opts);
-  scope.finish(ctx);
+  self_attention(impl_, "forward", x, nullptr, &positions, out, opts, context);
 }
 
 void MultiHeadAttention::forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
                                         const OutputView& out, const AttentionOptions& opts,
                                         Context* context) const {
-  detail::CallScope scope("mha.forward_varlen");
-  const Impl& m = live(impl_, "forward_varlen");
-  Context& ctx = context != nullptr ? *context : default_context();
-  m.forward_varlen(x, cu_seqlens, nullptr, out, opts, ctx);
-  describe(
-      scope,
-      [&] {
-        return "x:" + detail::dims_of(x) + ";sequences:" + std::to_string(cu_seqlens.shape[0] - 1);
-      },
-      m.cfg, opts);
-  scope.finish(ctx);
+  self_attention(impl_, "forward_varlen", x, &cu_seqlens, nullptr, out, opts, context);
 }
 
 void MultiHeadAttention::forward_varlen(const TensorView& x, const TensorView& cu_seqlens,
                                         const TensorView& positions, const OutputView& out,
                                         const AttentionOptions& opts, Context* context) const {
-  detail::CallScope scope("mha.forward_varlen");
-  const Impl& m = live(impl_, "forward_varlen");
-  m.check_rotates("forward_varlen");
-  Context& ctx = context != nullptr ? *context : default_context();
-  m.forward_varlen(x, cu_seqlens, &positions, out, opts, ctx);
-  describe(
-      scope,
-      [&] {
-        return "x:" + detail::dims_of(x) + ";sequences:" + std::to_string(cu_seqlens.shape[0] - 1) +
-               ";positions";
-      },
-      m.cfg, opts);
-  scope.finish(ctx);
+  self_attention(impl_, "forward_varlen", x, &cu_seqlens, &positions, out, opts, context);
 }
 
 void MultiHeadAttention::forward_cross(const TensorView& xq, const TensorView& xkv,

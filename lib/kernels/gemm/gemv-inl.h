@@ -44,6 +44,19 @@ inline constexpr std::int64_t kGemvPrefetchBytes = 8192;
 // more on every x86 and ARM core cpuattn targets) for the groups after the first.
 inline constexpr std::int64_t kGemvChunkBytes = 16384;
 
+// f(std::integral_constant<int, n>{}) for a row count n known only at run time, 1 <= n <= kMax:
+// the kernels take their rows as a template argument.
+template <int kMax, int k = 1, class F>
+CPUATTN_ALWAYS_INLINE void WithRowCount(std::int64_t n, const F& f) {
+  if constexpr (k <= kMax) {
+    if (n == k) {
+      f(std::integral_constant<int, k>{});
+    } else {
+      WithRowCount<kMax, k + 1>(n, f);
+    }
+  }
+}
+
 // Adjacent panels walked together for R rows of vectors of `lanes` floats: the fewest that give
 // 8 accumulator chains, at most 4 (4 streams of B, and the registers of AVX2).
 constexpr int GemvPanels(int R, int lanes) {
@@ -179,32 +192,10 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
       const std::int64_t k1 = std::min(K, k0 + kc);
       for (int g = 0, r0 = 0; g < groups; ++g) {
         const int R = M / groups + (g < M % groups ? 1 : 0);
-        const auto chunk = [&](auto r_tag) {
-          constexpr int n = decltype(r_tag)::value;
-          GemvChunk<O, n, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P, g == 0);
-        };
-        static_assert(T <= 12, "extend the switch below");
-        switch (R) {
-#define CPUATTN_GEMV_GROUP_CASE(n)                                 \
-  case n:                                                          \
-    if constexpr (n <= T) chunk(std::integral_constant<int, n>{}); \
-    break;
-          CPUATTN_GEMV_GROUP_CASE(1)
-          CPUATTN_GEMV_GROUP_CASE(2)
-          CPUATTN_GEMV_GROUP_CASE(3)
-          CPUATTN_GEMV_GROUP_CASE(4)
-          CPUATTN_GEMV_GROUP_CASE(5)
-          CPUATTN_GEMV_GROUP_CASE(6)
-          CPUATTN_GEMV_GROUP_CASE(7)
-          CPUATTN_GEMV_GROUP_CASE(8)
-          CPUATTN_GEMV_GROUP_CASE(9)
-          CPUATTN_GEMV_GROUP_CASE(10)
-          CPUATTN_GEMV_GROUP_CASE(11)
-          CPUATTN_GEMV_GROUP_CASE(12)
-#undef CPUATTN_GEMV_GROUP_CASE
-          default:
-            break;
-        }
+        WithRowCount<T>(R, [&](auto r_tag) {
+          GemvChunk<O, decltype(r_tag)::value, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P,
+                                                   g == 0);
+        });
         r0 += R;
       }
     }
@@ -239,6 +230,7 @@ void GemvRowsOf(const float* const* a, const detail::PackedMatrix& B, const TB* 
 template <class O>
 void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scratch) {
   static_assert(simd::VectorOps<O>);
+  static_assert(O::kGemvRows <= detail::kGemvRows);
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   const detail::PackedMatrix& B = *g.b;
   const std::int64_t p0 = g.p_begin + (t % g.panel_tasks) * g.panel_block;
@@ -250,46 +242,20 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
     a[r] = g.a.row(r);
     c[r] = g.c.row(r);
   }
-  if (g.M > O::kGemvRows) {
-    if (B.dtype == DType::bf16) {
-      GemvGroups<O>(a, static_cast<int>(g.M), B,
-                    reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)), p0, p1, g.p_begin, c,
-                    tile);
-    } else {
-      GemvGroups<O>(a, static_cast<int>(g.M), B, B.panel(0), p0, p1, g.p_begin, c, tile);
+  // Rows beyond one tile go in groups; B as stored (bf16 or f32).
+  const auto run = [&](const auto* b0) {
+    if (g.M > O::kGemvRows) {
+      GemvGroups<O>(a, static_cast<int>(g.M), B, b0, p0, p1, g.p_begin, c, tile);
+      return;
     }
-    return;
-  }
-  const auto rows = [&](auto r_tag) {
-    constexpr int R = decltype(r_tag)::value;
-    if (B.dtype == DType::bf16) {
-      GemvRowsOf<O, R>(a, B, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)), p0, p1,
-                       g.p_begin, c, tile);
-    } else {
-      GemvRowsOf<O, R>(a, B, B.panel(0), p0, p1, g.p_begin, c, tile);
-    }
+    WithRowCount<O::kGemvRows>(g.M, [&](auto r_tag) {
+      GemvRowsOf<O, decltype(r_tag)::value>(a, B, b0, p0, p1, g.p_begin, c, tile);
+    });
   };
-  static_assert(O::kGemvRows <= 12, "extend the switch below");
-  switch (g.M) {
-#define CPUATTN_GEMV_CASE(n)                                                 \
-  case n:                                                                    \
-    if constexpr (n <= O::kGemvRows) rows(std::integral_constant<int, n>{}); \
-    break;
-    CPUATTN_GEMV_CASE(1)
-    CPUATTN_GEMV_CASE(2)
-    CPUATTN_GEMV_CASE(3)
-    CPUATTN_GEMV_CASE(4)
-    CPUATTN_GEMV_CASE(5)
-    CPUATTN_GEMV_CASE(6)
-    CPUATTN_GEMV_CASE(7)
-    CPUATTN_GEMV_CASE(8)
-    CPUATTN_GEMV_CASE(9)
-    CPUATTN_GEMV_CASE(10)
-    CPUATTN_GEMV_CASE(11)
-    CPUATTN_GEMV_CASE(12)
-#undef CPUATTN_GEMV_CASE
-    default:
-      break;
+  if (B.dtype == DType::bf16) {
+    run(reinterpret_cast<const detail::Bf16*>(B.panel_bf16(0)));
+  } else {
+    run(B.panel(0));
   }
 }
 
