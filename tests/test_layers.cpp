@@ -989,5 +989,124 @@ TEST(MhaRope, BadConfigurationsAreNamedErrors) {
   for (float v : out) ASSERT_EQ(v, 4.0f);
 }
 
+// 16-bit x and out (a bf16 model's hidden states): the layer on the widened x, out rounded to
+// nearest even, bit for bit, on every entry; x of rows with a gap between them (strided).
+TEST(Mha16BitIo, EveryEntryIsTheF32LayerOnTheSameValuesRounded) {
+  Context ctx(2);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto round16 = [&](float v) { return dt == DType::bf16 ? to_bf16(v) : to_f16(v); };
+    const auto widen16 = [&](std::uint16_t b) {
+      return dt == DType::bf16 ? from_bf16(b) : from_f16(b);
+    };
+    const DecoderCase dc = decoder_cases()[2];  // llama3 GQA, qk-norm over the projection
+    const DecoderSetup s(dc.mc, dc.rope, dc.norm, 700);
+    const MultiHeadAttention layer = s.layer();
+    const std::int64_t B = 2, T = 9, d = layer.config().d_model, gap = 3;
+    // x16: rows of d + gap values (a strided view); xf: the same values as f32, contiguous.
+    std::vector<std::uint16_t> x16(static_cast<std::size_t>(B * T * (d + gap)), 0x7fff);
+    std::vector<float> xf(static_cast<std::size_t>(B * T * d));
+    const auto r = random_floats(xf.size(), 701);
+    for (std::int64_t i = 0; i < B * T; ++i)
+      for (std::int64_t j = 0; j < d; ++j) {
+        x16[i * (d + gap) + j] = round16(r[i * d + j]);
+        xf[i * d + j] = widen16(x16[i * (d + gap) + j]);
+      }
+    const auto x16_view = [&](std::int64_t row0, std::int64_t b, std::int64_t n) {
+      TensorView v = TensorView::contiguous(x16.data() + row0 * (d + gap), dt, {b, n, d});
+      v.strides = {T * (d + gap), d + gap, 1, 0};
+      return v;
+    };
+    const auto xf_view = [&](std::int64_t row0, std::int64_t b, std::int64_t n) {
+      TensorView v = f32_view(xf.data() + row0 * d, {b, n, d});
+      v.strides = {T * d, d, 1, 0};
+      return v;
+    };
+    const auto expect_rounded = [&](const std::vector<std::uint16_t>& got,
+                                    const std::vector<float>& want, const char* what) {
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(got[i], round16(want[i]))
+            << what << ": element " << i << " of " << want.size() << ", f32 layer " << want[i];
+    };
+    const auto n_out = static_cast<std::size_t>(B * T * d);
+    std::vector<float> want(n_out), mixed(n_out);
+    std::vector<std::uint16_t> got(n_out, 0xffff);
+    AttentionOptions causal;
+    causal.causal = Causal::top_left;
+
+    layer.forward(xf_view(0, B, T), f32_view(want.data(), {B, T, d}), causal, &ctx);
+    layer.forward(x16_view(0, B, T), OutputView::contiguous(got.data(), dt, {B, T, d}), causal,
+                  &ctx);
+    expect_rounded(got, want, "forward");
+    layer.forward(x16_view(0, B, T), f32_view(mixed.data(), {B, T, d}), causal, &ctx);
+    ASSERT_EQ(mixed, want) << "forward, 16-bit x, f32 out";
+
+    // Packed: the B sequences back to back (rows of x16 are already in that order).
+    const std::vector<std::int64_t> cu = {0, 4, B * T};
+    const TensorView cuv = TensorView::contiguous(cu.data(), DType::i64, {3});
+    TensorView x16_packed = TensorView::contiguous(x16.data(), dt, {B * T, d});
+    x16_packed.strides = {d + gap, 1, 0, 0};
+    layer.forward_varlen(f32_view(xf.data(), {B * T, d}), cuv, f32_view(want.data(), {B * T, d}),
+                         causal, &ctx);
+    layer.forward_varlen(x16_packed, cuv, OutputView::contiguous(got.data(), dt, {B * T, d}),
+                         causal, &ctx);
+    expect_rounded(got, want, "forward_varlen");
+
+    // Decoding, 4 tokens then 1 then 1 (all cache dtypes take 16-bit x alike: the K/V rows are the
+    // layer's f32 projections either way), contiguous and paged.
+    KvCache c32 = layer.make_cache(B, T, false, DType::bf16),
+            c16 = layer.make_cache(B, T, false, DType::bf16);
+    PagedKvCache p32 = layer.make_paged_cache(8, 4), p16 = layer.make_paged_cache(8, 4);
+    const std::vector<std::int64_t> s32 = {p32.add_sequence(), p32.add_sequence()},
+                                    s16 = {p16.add_sequence(), p16.add_sequence()};
+    std::int64_t pos = 0;
+    for (std::int64_t n : {4, 1, 1}) {
+      const auto m = static_cast<std::size_t>(B * n * d);
+      std::vector<float> w(m);
+      std::vector<std::uint16_t> g(m, 0xffff);
+      layer.decode(xf_view(pos, B, n), c32, f32_view(w.data(), {B, n, d}), {}, &ctx);
+      layer.decode(x16_view(pos, B, n), c16, OutputView::contiguous(g.data(), dt, {B, n, d}), {},
+                   &ctx);
+      expect_rounded(g, w, "decode");
+      std::fill(g.begin(), g.end(), 0xffff);
+      layer.decode(xf_view(pos, B, n), p32, s32, f32_view(w.data(), {B, n, d}), {}, &ctx);
+      layer.decode(x16_view(pos, B, n), p16, s16, OutputView::contiguous(g.data(), dt, {B, n, d}),
+                   {}, &ctx);
+      expect_rounded(g, w, "paged decode");
+      pos += n;
+    }
+  }
+  // Cross-attention (a layer without rope), xq 16-bit and xkv f32.
+  const DecoderCase dc = decoder_cases()[4];
+  const DecoderSetup s(dc.mc, dc.rope, dc.norm, 710);
+  const MultiHeadAttention layer = s.layer();
+  const std::int64_t B = 2, Lq = 3, Lk = 7, d = layer.config().d_model;
+  const auto xkv = random_floats(B * Lk * d, 711), r = random_floats(B * Lq * d, 712);
+  std::vector<std::uint16_t> xq16(r.size());
+  std::vector<float> xqf(r.size()), want(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) xqf[i] = from_bf16(xq16[i] = to_bf16(r[i]));
+  std::vector<std::uint16_t> got(r.size());
+  layer.forward_cross(f32_view(xqf.data(), {B, Lq, d}), f32_view(xkv.data(), {B, Lk, d}),
+                      f32_view(want.data(), {B, Lq, d}), {}, &ctx);
+  layer.forward_cross(TensorView::contiguous(xq16.data(), DType::bf16, {B, Lq, d}),
+                      f32_view(xkv.data(), {B, Lk, d}),
+                      OutputView::contiguous(got.data(), DType::bf16, {B, Lq, d}), {}, &ctx);
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(got[i], to_bf16(want[i])) << "forward_cross: element " << i;
+  // Other dtypes are named errors that leave out as it was.
+  std::vector<std::int8_t> x8(r.size(), 1);
+  std::fill(got.begin(), got.end(), 0x1234);
+  try {
+    layer.forward(TensorView::contiguous(x8.data(), DType::i8, {B, Lq, d}),
+                  OutputView::contiguous(got.data(), DType::bf16, {B, Lq, d}), {}, &ctx);
+    FAIL() << "int8 x was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x [2,3,40] has dtype int8"), std::string::npos)
+        << e.what();
+  }
+  for (std::uint16_t v : got) ASSERT_EQ(v, 0x1234);
+}
+
 }  // namespace
 }  // namespace cpuattn::test

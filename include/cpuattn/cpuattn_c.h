@@ -470,7 +470,8 @@ CPUATTN_API void cpuattn_mha_destroy(cpuattn_mha* mha);
  * CPUATTN_MHA_CONFIG_MIN_SIZE and at most 4096: the fields this library knows that lie within it
  * are written, the rest of the struct is left as it was. */
 CPUATTN_API cpuattn_status cpuattn_mha_get_config(const cpuattn_mha* mha, cpuattn_mha_config* out);
-/* Self-attention (causal via options->causal): x, out f32 [B, L, d_model]. */
+/* Self-attention (causal via options->causal): x, out [B, L, d_model], each f32, bf16 or f16 (as
+ * MultiHeadAttention: computed in f32, a 16-bit out rounded to nearest even). */
 CPUATTN_API cpuattn_status cpuattn_mha_forward(const cpuattn_mha* mha, const cpuattn_tensor* x,
                                                const cpuattn_tensor* out,
                                                const cpuattn_attention_options* options,

@@ -240,7 +240,10 @@ class CPUATTN_API MultiHeadAttention {
 
   const MhaConfig& config() const;  // with the defaults filled in
 
-  // Self-attention (bidirectional, or causal via opts.causal): x, out f32 [B, L, d_model].
+  // Self-attention (bidirectional, or causal via opts.causal): x, out [B, L, d_model]. x and out
+  // of every entry are f32, bf16 or f16 (each its own): the layer computes in f32, widening a
+  // 16-bit x exactly and rounding a 16-bit out to nearest even, so a bf16 out is the f32 out of
+  // the same (bf16-valued) x, rounded.
   void forward(const TensorView& x, const OutputView& out, const AttentionOptions& opts = {},
                Context* context = nullptr) const;
   // The same with explicit positions for the rotary embedding (Hugging Face's position_ids: a

@@ -16,6 +16,7 @@
 #include "cpuattn/layers.h"
 #include "kernels/gemm/gemm.h"
 #include "layers/cache_rows.h"
+#include "layers/f32_rows.h"
 #include "layers/paged_cache.h"
 #include "layers/qk_prep.h"
 
@@ -56,7 +57,8 @@ void check_f32(const char* name, const TensorView& t, int rank) {
   detail::extent_of(name, t);
 }
 
-// Tokens appended to a cache: f32, bf16 or f16 (converted to the cache's dtype).
+// Tokens appended to a cache (converted to the cache's dtype), and a layer's x and out
+// (f32_rows.h): f32, bf16 or f16.
 void check_input(const char* name, const TensorView& t, int rank) {
   detail::check_view(name, t, rank, rank);
   if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16) {
@@ -403,23 +405,29 @@ struct MultiHeadAttention::Impl {
   // (= width) floats, Q at q, K at k, V at v (one region for self-attention, where the rows of Q
   // and K/V are the same; a second for cross-attention's K/V rows), and A (the heads' outputs)
   // [rows_q, H*Dv]. `ints`: that many int64 slots after them (a paged step's lengths and tables).
+  // `io`: that many floats before the ints, for f32 copies of 16-bit x and out (f32_rows.h).
   struct Buffers {
-    float *q, *k, *v, *a;
+    float *q, *k, *v, *a, *io;
     std::int64_t stride;
     std::int64_t* ints;
   };
   // The caller holds a Lease on ctx's layer scratch of this thread for as long as it uses these.
   Buffers buffers(Context& ctx, std::int64_t rows_q, std::int64_t rows_kv, bool self,
-                  std::int64_t ints = 0) const {
+                  std::int64_t ints = 0, std::int64_t io = 0) const {
     const auto pad = [](std::int64_t n) { return (n + 15) / 16 * 16; };
     const std::int64_t nq = pad(rows_q * width), nkv = self ? 0 : pad(rows_kv * width);
     const std::int64_t na = pad(rows_q * cfg.heads * cfg.value_dim);
     float* base = detail::ContextAccess::impl(ctx).layer_scratch.local().get(
-        static_cast<std::size_t>(nq + nkv + na + 2 * ints));
+        static_cast<std::size_t>(nq + nkv + na + io + 2 * ints));
     float* kv = self ? base : base + nq;
-    return {base,       kv + k_col,
-            kv + v_col, base + nq + nkv,
-            width,      reinterpret_cast<std::int64_t*>(base + nq + nkv + na)};
+    float* a = base + nq + nkv;
+    return {base,
+            kv + k_col,
+            kv + v_col,
+            a,
+            a + na,
+            width,
+            reinterpret_cast<std::int64_t*>(a + na + io)};
   }
 
   // Rows [B, L] of `stride` floats holding `heads` x `hw` values from p on, as the kernel's logical
@@ -437,12 +445,12 @@ struct MultiHeadAttention::Impl {
 
   void check_io(const char* xname, const TensorView& x, const char* oname, const TensorView& out,
                 std::int64_t B, std::int64_t L) const {
-    check_f32(xname, x, 3);
+    check_input(xname, x, 3);
     if (x.shape[2] != cfg.d_model) {
       fail(std::string(xname) + " " + shape_str(x) +
            " must have d_model=" + std::to_string(cfg.d_model) + " features");
     }
-    check_f32(oname, out, 3);
+    check_input(oname, out, 3);
     if (out.shape[0] != B || out.shape[1] != L || out.shape[2] != cfg.d_model) {
       fail(std::string(oname) + " " + shape_str(out) + " must be " + dims_str({B, L, cfg.d_model}) +
            " (" + xname + " " + shape_str(x) + ")");
@@ -454,7 +462,6 @@ struct MultiHeadAttention::Impl {
   // and options that decoding can honour. Returns the options it runs with (bottom-right causal).
   AttentionOptions check_decode(const TensorView& x, const OutputView& out,
                                 const AttentionOptions& opts) const {
-    check_f32("x", x, 3);
     check_io("x", x, "out", out, x.shape[0], x.shape[1]);
     detail::check_disjoint("out", detail::extent_of("out", out),
                            {{"x", detail::extent_of("x", x)}});
@@ -674,10 +681,10 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
                                        Context& ctx, bool self, const TensorView* positions) const {
   const MhaConfig& c = cfg;
   const char* const qname = self ? "x" : "xq";
-  check_f32(qname, xq, 3);
+  check_input(qname, xq, 3);
   const std::int64_t B = xq.shape[0], Lq = xq.shape[1];
   check_io(qname, xq, "out", out, B, Lq);
-  check_f32("xkv", xkv, 3);
+  check_input("xkv", xkv, 3);
   if (xkv.shape[0] != B || xkv.shape[2] != c.d_model) {
     fail("xkv " + shape_str(xkv) + " must be [" + std::to_string(B) + ",Lk," +
          std::to_string(c.d_model) + "] (xq " + shape_str(xq) + ")");
@@ -688,7 +695,9 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
       "out", oe, {{"xq", detail::extent_of("xq", xq)}, {"xkv", detail::extent_of("xkv", xkv)}});
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Buffers buf = buffers(ctx, B * Lq, B * Lk, self, positions != nullptr ? B * Lq : 0);
+  const std::int64_t io = detail::f32_rows_floats(xq) + (self ? 0 : detail::f32_rows_floats(xkv)) +
+                          detail::f32_rows_floats(out);
+  const Buffers buf = buffers(ctx, B * Lq, B * Lk, self, positions != nullptr ? B * Lq : 0, io);
   const OutputView q = heads_view(buf.q, B, Lq, c.heads, c.head_dim, buf.stride);
   const OutputView k = heads_view(buf.k, B, Lk, c.kv_heads, c.head_dim, buf.stride);
   const OutputView v = heads_view(buf.v, B, Lk, c.kv_heads, c.value_dim, buf.stride);
@@ -699,18 +708,23 @@ void MultiHeadAttention::Impl::forward(const TensorView& xq, const TensorView& x
   check_optional_outputs(opts, oe, "xq", xq, "xkv", xkv);
   if (positions != nullptr) read_positions(*positions, B, Lq, true, "x " + shape_str(xq), buf.ints);
 
+  float* io_rows = buf.io;
+  const TensorView xq32 = detail::f32_rows(xq, io_rows);
+  const OutputView out32 = detail::f32_out(out, io_rows);
   if (self) {
-    project_step(xq, buf, ctx);
+    project_step(xq32, buf, ctx);
     prepare_step(buf, B, Lq, {.per_token = positions != nullptr ? buf.ints : nullptr}, ctx);
   } else {  // Q from xq, K and V from xkv: the two panel ranges of the fused matrix
-    detail::run_linear_panels(*qkv, xq, buf.q, buf.stride, 0, q_panels, ctx);
-    detail::run_linear_panels(*qkv, xkv, buf.k, buf.stride, q_panels, qkv->panels, ctx);
+    const TensorView xkv32 = detail::f32_rows(xkv, io_rows);
+    detail::run_linear_panels(*qkv, xq32, buf.q, buf.stride, 0, q_panels, ctx);
+    detail::run_linear_panels(*qkv, xkv32, buf.k, buf.stride, q_panels, qkv->panels, ctx);
     // QK-norm only (no rope: forward_cross refuses it); Q and K have their own lengths
     prep.apply(detail::HeadRows{buf.q, buf.stride, c.heads}, std::nullopt, B, Lq, {}, ctx);
     prep.apply(std::nullopt, detail::HeadRows{buf.k, buf.stride, c.kv_heads}, B, Lk, {}, ctx);
   }
   detail::run_attention(problem, ctx);
-  output(buf, B, Lq, out, ctx);
+  output(buf, B, Lq, out32, ctx);
+  detail::narrow_rows(out32, out);
 }
 
 // Packed sequences: the tokens as one [1, T] batch of rows for the projections, QK-norm/RoPE
@@ -719,11 +733,11 @@ void MultiHeadAttention::Impl::forward_varlen(const TensorView& x, const TensorV
                                               const TensorView* positions, const OutputView& out,
                                               const AttentionOptions& opts, Context& ctx) const {
   const MhaConfig& c = cfg;
-  check_f32("x", x, 2);
+  check_input("x", x, 2);
   const std::int64_t T = x.shape[0];
   if (x.shape[1] != c.d_model)
     fail("x " + shape_str(x) + " must have d_model=" + std::to_string(c.d_model) + " features");
-  check_f32("out", out, 2);
+  check_input("out", out, 2);
   if (out.shape[0] != T || out.shape[1] != c.d_model)
     fail("out " + shape_str(out) + " must be " + dims_str({T, c.d_model}) + " (x " + shape_str(x) +
          ")");
@@ -732,7 +746,8 @@ void MultiHeadAttention::Impl::forward_varlen(const TensorView& x, const TensorV
   detail::check_disjoint("out", oe, {{"x", detail::extent_of("x", x)}});
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Buffers buf = buffers(ctx, T, T, true, prep.rotates() ? T : 0);
+  const Buffers buf = buffers(ctx, T, T, true, prep.rotates() ? T : 0,
+                              detail::f32_rows_floats(x) + detail::f32_rows_floats(out));
   const auto packed = [&](float* p, std::int64_t heads, std::int64_t hw) {
     OutputView v = OutputView::contiguous(p, DType::f32, {T, heads, hw});
     v.strides = {buf.stride, hw, 1};
@@ -752,14 +767,17 @@ void MultiHeadAttention::Impl::forward_varlen(const TensorView& x, const TensorV
       for (std::int64_t t = o[b]; t < o[b + 1]; ++t) buf.ints[t] = t - o[b];
   }
 
-  TensorView x3 = x;  // [1, T, d_model]: one batch of T rows
+  float* io_rows = buf.io;
+  TensorView x3 = detail::f32_rows(x, io_rows);  // [1, T, d_model]: one batch of T rows
   x3.rank = 3;
   x3.shape = {1, T, c.d_model};
-  x3.strides = {T * x.strides[0], x.strides[0], x.strides[1]};
+  x3.strides = {T * x3.strides[0], x3.strides[0], x3.strides[1]};
+  const OutputView out32 = detail::f32_out(out, io_rows);
   project_step(x3, buf, ctx);
   prepare_step(buf, 1, T, {.per_token = prep.rotates() ? buf.ints : nullptr}, ctx);
   detail::run_varlen(problems, ctx);
-  wo.forward(f32_view(static_cast<const float*>(buf.a), {T, c.heads * c.value_dim}), out, &ctx);
+  wo.forward(f32_view(static_cast<const float*>(buf.a), {T, c.heads * c.value_dim}), out32, &ctx);
+  detail::narrow_rows(out32, out);
 }
 
 void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const OutputView& out,
@@ -785,7 +803,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
   Context& ctx = context != nullptr ? *context : default_context();
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
-  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true);
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true, 0,
+                                      detail::f32_rows_floats(x) + detail::f32_rows_floats(out));
   const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim, buf.stride);
   const OutputView a = m.a_view(buf, B, n);
   // Validated against the cache as it will be once this step's tokens are stored (the views
@@ -798,7 +817,10 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
 
   // One entry into the arena for the whole step (docs/performance.md#dm-decode-one-entry).
   ci.run_for_caller([&] {
-    m.project_step(x, buf, ctx);
+    float* io_rows = buf.io;
+    const TensorView x32 = detail::f32_rows(x, io_rows);
+    const OutputView out32 = detail::f32_out(out, io_rows);
+    m.project_step(x32, buf, ctx);
     m.prepare_step(buf, B, n, {.first = s.length}, ctx);
     const TensorView new_k = Impl::heads_view(buf.k, B, n, c.kv_heads, c.head_dim, buf.stride);
     const TensorView new_v = Impl::heads_view(buf.v, B, n, c.kv_heads, c.value_dim, buf.stride);
@@ -807,7 +829,8 @@ void MultiHeadAttention::decode(const TensorView& x, KvCache& cache, const Outpu
     s.store(new_k, new_v, dst);
     s.commit(g, len);
     detail::run_attention(problem, ctx);
-    m.output(buf, B, n, out, ctx);
+    m.output(buf, B, n, out32, ctx);
+    detail::narrow_rows(out32, out);
   });
   describe(
       scope, [&] { return "x:" + detail::dims_of(x) + ";cache:" + std::to_string(len); }, c, opts,
@@ -848,7 +871,8 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   Context::Impl& ci = detail::ContextAccess::impl(ctx);
   const Context::Impl::Lease layer_lease{ci, ci.layer_scratch.local()};
   // Scratch ints: B zero lengths, B zero table entries (int32, in B int64 slots), B positions.
-  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true, 3 * B);
+  const Impl::Buffers buf = m.buffers(ctx, B * n, B * n, true, 3 * B,
+                                      detail::f32_rows_floats(x) + detail::f32_rows_floats(out));
   const OutputView q = Impl::heads_view(buf.q, B, n, c.heads, c.head_dim, buf.stride);
   const OutputView a = m.a_view(buf, B, n);
   // The options against the pool, before anything changes: every sequence as if empty (lengths
@@ -874,7 +898,10 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
   // this (the caller's) thread's paged lists: the step may run on another thread.
   detail::PagedProblems& lists = detail::paged_problems_of_this_thread();
   ci.run_for_caller([&] {
-    m.project_step(x, buf, ctx);
+    float* io_rows = buf.io;
+    const TensorView x32 = detail::f32_rows(x, io_rows);
+    const OutputView out32 = detail::f32_out(out, io_rows);
+    m.project_step(x32, buf, ctx);
     {
       std::int64_t* lengths = buf.ints + 2 * B;
       for (std::int64_t b = 0; b < B; ++b)
@@ -897,7 +924,8 @@ void MultiHeadAttention::decode(const TensorView& x, PagedKvCache& cache,
       s.append_checked(s.seq(seqs[static_cast<std::size_t>(b)], "decode"),
                        rows(buf.k, b, c.head_dim), rows(buf.v, b, c.value_dim));
     detail::run_paged(q, cache.batch(seqs), a, opts, ctx, lists);
-    m.output(buf, B, n, out, ctx);
+    m.output(buf, B, n, out32, ctx);
+    detail::narrow_rows(out32, out);
   });
   describe(
       scope, [&] { return "x:" + detail::dims_of(x) + ";paged"; }, c, opts, cache.dtype());
