@@ -62,14 +62,16 @@ py::object run_attention(bool reference, const py::handle& q_obj, const py::hand
   // for the reference).
   std::vector<py::ssize_t> lead(q.shape(), q.shape() + rank - 1);  // [B,] H, Lq
   py::array out;
+  DType ot;
   if (out_obj.is_none()) {
     std::vector<py::ssize_t> shape = lead;
     shape.push_back(v.shape(rank - 1));
-    out = new_array(reference ? DType::f64 : qt, shape);
+    ot = reference ? DType::f64 : qt;
+    out = new_array(ot, shape);
   } else {
     out = writable(out_obj, "out");
+    ot = dtype_of(out, "out", bf16);
   }
-  const DType ot = dtype_of(out, "out", bf16);
   const bool out_ok = reference ? (ot == DType::f32 || ot == DType::f64)
                                 : (ot == DType::f32 || ot == DType::f16 || ot == DType::bf16);
   if (!out_ok)
@@ -90,8 +92,9 @@ py::object run_attention(bool reference, const py::handle& q_obj, const py::hand
     else
       cpuattn::attention(qv, kv, vv, ov, call.opts, ctx);
   }
-  if (return_lse) return py::make_tuple(out, lse);
-  return out;
+  if (return_lse)
+    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
+  return returned(out_obj, out, ot, q_obj);
 }
 
 // attention_varlen() and reference_attention_varlen(): packed [total, heads, d] arrays.
@@ -122,7 +125,8 @@ py::object run_varlen(bool reference, const py::handle& q_obj, const py::handle&
                       ? new_array(reference ? DType::f64 : qt, {q.shape(0), q.shape(1), v.shape(2)})
                       : writable(out_obj, "out");
   call.keep.push_back(out);
-  const auto ov = make_view<cpuattn::OutputView>(out, dtype_of(out, "out", false), "out");
+  const DType ot = out_obj.is_none() ? (reference ? DType::f64 : qt) : dtype_of(out, "out", false);
+  const auto ov = make_view<cpuattn::OutputView>(out, ot, "out");
   py::array lse;
   if (return_lse) {
     lse = new_array(DType::f32, {q.shape(1), q.shape(0)});  // [H, total_q]
@@ -139,8 +143,9 @@ py::object run_varlen(bool reference, const py::handle& q_obj, const py::handle&
     else
       cpuattn::attention_varlen(qv, kv, vv, ov, cq, ck, call.opts, ctx);
   }
-  if (return_lse) return py::make_tuple(out, lse);
-  return out;
+  if (return_lse)
+    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
+  return returned(out_obj, out, ot, q_obj);
 }
 
 const char* const kAttentionDoc = R"doc(
@@ -150,7 +155,8 @@ torch.nn.functional.scaled_dot_product_attention.
 q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (or all rank 3, without B); H must be a
 multiple of Hkv (grouped-query attention). Arrays are read in place through their strides (any
 strided view, e.g. x.transpose(0, 2, 1, 3) of a [B, L, H, D] array; the last dimension must be
-contiguous): float32 or float16, or bfloat16 bit patterns in uint16 with bf16=True.
+contiguous): float32 or float16, or bfloat16 bit patterns in uint16 with bf16=True. torch tensors
+and other DLPack tensors on the CPU are read the same way, bfloat16 included (no bf16=True).
 
 attn_mask: bool (True = may attend) or float32 (added to the scaled scores), broadcastable to
   [B, H, Lq, Lk].
@@ -170,7 +176,8 @@ out: a writable float32 / float16 (/ bf16) array [B, H, Lq, Dv], written in plac
 threads: None = the default context (the caller's oneTBB arena); N = a cached context of N threads.
 context: a cpuattn.Context (instead of threads).
 
-Returns out, or (out, lse). Raises cpuattn.Error (a ValueError) naming the bad argument; out is
+Returns out, or (out, lse): out= as passed; a new array of q's type (a torch tensor sharing its
+memory when q is a torch.Tensor, else NumPy, whatever k and v are). Raises cpuattn.Error (a ValueError) naming the bad argument; out is
 then untouched. The GIL is released while computing.
 )doc";
 

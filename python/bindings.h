@@ -7,6 +7,7 @@
 
 namespace cpuattn_py {
 
+// dlpack.cpp (dlpack.h): DLPack tensors in, torch tensors out; no bindings of its own.
 // context.cpp: Context, release_thread_contexts, active_target, kv_dtypes, supported_targets,
 // active_simd, to_bf16, from_bf16.
 void bind_context(pybind11::module_& m);

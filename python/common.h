@@ -20,6 +20,7 @@
 
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/layers.h"
+#include "dlpack.h"
 
 namespace cpuattn_py {
 
@@ -28,10 +29,12 @@ using cpuattn::DType;
 
 [[noreturn]] inline void fail(const std::string& msg) { throw cpuattn::Error("cpuattn: " + msg); }
 
-// Any object NumPy can view (a NumPy array, a CPU torch tensor, ...) as an array, without a
-// copy where NumPy can avoid one.
+// Any array-like object as a NumPy array: a NumPy array as is, a DLPack tensor (torch, JAX, ...)
+// as a view of its memory (dlpack_view), anything else NumPy can read through numpy.asarray,
+// without a copy where NumPy can avoid one.
 inline py::array as_array(const py::handle& obj, const char* name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  if (std::optional<py::array> v = dlpack_view(obj, name)) return *std::move(v);
   try {
     return py::module_::import("numpy").attr("asarray")(obj).cast<py::array>();
   } catch (py::error_already_set& e) {
@@ -41,11 +44,13 @@ inline py::array as_array(const py::handle& obj, const char* name) {
 }
 
 inline std::string numpy_dtype_name(const py::array& a) {
-  return py::str(a.dtype()).cast<std::string>();
+  return is_bf16_view(a) ? "bfloat16" : py::str(a.dtype()).cast<std::string>();
 }
 
-// The library dtype of a NumPy array. uint16/int16 hold bfloat16 bit patterns when `bf16`.
+// The library dtype of an array: a bfloat16 tensor's view is bf16; uint16/int16 hold bfloat16 bit
+// patterns when `bf16`.
 inline DType dtype_of(const py::array& a, const char* name, bool bf16) {
+  if (is_bf16_view(a)) return DType::bf16;
   const py::dtype dt = a.dtype();
   if (dt.byteorder() == '>') fail(std::string(name) + " is big-endian; use a native-order array");
   const char kind = dt.kind();
@@ -106,11 +111,23 @@ View make_view(const py::array& a, DType dtype, const char* name, bool lead1 = f
   return v;
 }
 
-// A writable output array: checks writability and dtype.
+// A writable output array over obj's own memory. An object NumPy could only copy (a list) is
+// an error: the results would go to the copy.
 inline py::array writable(const py::handle& obj, const char* name) {
   py::array a = as_array(obj, name);
   if (!a.writeable()) fail(std::string(name) + " is read-only");
+  if (!py::isinstance<py::array>(obj) && a.owndata())
+    fail(std::string(name) + " is a " + std::string(py::str(obj.get_type())) +
+         ", which cannot be written in place; pass an array or a tensor");
   return a;
+}
+
+// What a call returns for one output: the caller's out, written in place, when given; else the
+// new array `made` (of `dtype`) as the type of `like` (a torch tensor when like is one).
+inline py::object returned(const py::object& out_obj, const py::array& made, DType dtype,
+                           const py::handle& like) {
+  if (!out_obj.is_none()) return out_obj;
+  return as_type_of(made, dtype, like);
 }
 
 // The NumPy dtype holding a library dtype: its own where NumPy has it, else its bit patterns

@@ -26,10 +26,15 @@ std::optional<cpuattn::TensorView> optional_input(Call& call, const py::object& 
   return input_view(call, obj, name);
 }
 
-// [B, L, d_model] output of a layer: the caller's array or a new float32 one.
+// [B, L, d_model] output of a layer: the caller's array, or a new one of x's dtype.
 std::pair<py::array, cpuattn::OutputView> layer_out(Call& call, const py::object& out_obj,
-                                                    std::vector<py::ssize_t> shape) {
-  py::array out = out_obj.is_none() ? new_array(DType::f32, shape) : writable(out_obj, "out");
+                                                    std::vector<py::ssize_t> shape, DType x) {
+  if (out_obj.is_none()) {
+    py::array out = new_array(x, shape);
+    call.keep.push_back(out);
+    return {out, make_view<cpuattn::OutputView>(out, x, "out")};
+  }
+  py::array out = writable(out_obj, "out");
   call.keep.push_back(out);
   return {out, make_view<cpuattn::OutputView>(out, dtype_of(out, "out", false), "out")};
 }
@@ -198,7 +203,8 @@ void bind_layers(py::module_& m) {
             const auto xv = input_view(call, x, "x");
             call.set_masks(attn_mask, key_lengths, scale);
             call.opts.causal = parse_causal(is_causal);
-            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            auto [o, ov] =
+                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), xv.dtype);
             const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
             const ContextUse ctx = pick_context(threads, context);
             {
@@ -209,9 +215,11 @@ void bind_layers(py::module_& m) {
                 l.forward(xv, ov, call.opts, ctx);
               }
             }
-            return o;
+            return returned(out, o, ov.dtype, x);
           },
-          "Self-attention: x [B, L, d_model] -> [B, L, d_model] (float32). positions: integer "
+          "Self-attention: x [B, L, d_model] -> [B, L, d_model]. x and out are float32, float16 or "
+          "bfloat16 (a torch tensor; NumPy has no bfloat16); the result is new, of x's dtype and "
+          "type (a torch tensor for a torch x), or out= written in place. positions: integer "
           "[B, L] or [L] for the rotary embedding (Hugging Face's position_ids; default 0 .. L-1; "
           "only for a layer with rope).",
           "x"_a, py::kw_only(), "is_causal"_a = false, "attn_mask"_a = py::none(),
@@ -230,7 +238,8 @@ void bind_layers(py::module_& m) {
             const auto cv = make_view<cpuattn::TensorView>(cu, DType::i64, "cu_seqlens");
             call.opts.scale = scale;
             call.opts.causal = parse_causal(is_causal);
-            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            auto [o, ov] =
+                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), xv.dtype);
             const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
             const ContextUse ctx = pick_context(threads, context);
             {
@@ -241,12 +250,13 @@ void bind_layers(py::module_& m) {
                 l.forward_varlen(xv, cv, ov, call.opts, ctx);
               }
             }
-            return o;
+            return returned(out, o, ov.dtype, x);
           },
           "Packed variable-length self-attention: x [T, d_model] holds sequences back to back, "
           "cu_seqlens integer [B + 1] their offsets (0 .. T); each sequence attends only to its "
           "own "
-          "tokens. Returns [T, d_model] (float32). positions: integer [T] for the rotary embedding "
+          "tokens. Returns [T, d_model] (dtypes and types as forward()). positions: integer [T] "
+          "for the rotary embedding "
           "(default: each sequence's own 0 .. length - 1).",
           "x"_a, "cu_seqlens"_a, py::kw_only(), "is_causal"_a = false, "scale"_a = py::none(),
           "positions"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
@@ -260,13 +270,14 @@ void bind_layers(py::module_& m) {
             const auto qv = input_view(call, xq, "xq");
             const auto kv = input_view(call, xkv, "xkv");
             call.set_masks(attn_mask, key_lengths, scale);
-            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            auto [o, ov] =
+                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), qv.dtype);
             const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
               l.forward_cross(qv, kv, ov, call.opts, ctx);
             }
-            return o;
+            return returned(out, o, ov.dtype, xq);
           },
           "Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model].", "xq"_a, "xkv"_a,
           py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
@@ -280,14 +291,15 @@ void bind_layers(py::module_& m) {
             Call call;
             const auto xv = input_view(call, x, "x");
             call.set_masks(attn_mask, key_lengths, scale);
-            auto [o, ov] = layer_out(call, out, leading_shape(call.keep[0], l.config().d_model));
+            auto [o, ov] =
+                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), xv.dtype);
             const ContextUse ctx = pick_context(threads, context);
             {
               py::gil_scoped_release nogil;
               std::lock_guard<std::mutex> lock(cache.mu);
               l.decode(xv, cache.cache, ov, call.opts, ctx);
             }
-            return o;
+            return returned(out, o, ov.dtype, x);
           },
           "One decoding step: appends the K/V of x [B, n, d_model] to cache, attends the n new "
           "queries to every cached token (bottom-right causal); returns [B, n, d_model].",

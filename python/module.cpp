@@ -1,6 +1,6 @@
-// The Python module `cpuattn`: NumPy arrays in, the library's views over their memory (no
-// copies), the computation with the GIL released, cpuattn::Error as ValueError. One unit per
-// area (bindings.h); the helpers they share are in common.h.
+// The Python module `cpuattn`: NumPy arrays and DLPack tensors (dlpack.h) in, the library's views
+// over their memory (no copies), the computation with the GIL released, cpuattn::Error as
+// ValueError. One unit per area (bindings.h); the helpers they share are in common.h.
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
@@ -13,7 +13,9 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(cpuattn, m) {
-  m.doc() = "cpuattn: fast, multithreaded CPU attention (NumPy arrays in place, GIL released)";
+  m.doc() =
+      "cpuattn: fast, multithreaded CPU attention (NumPy arrays and DLPack tensors such as torch's "
+      "read in place, results of the inputs' type, GIL released)";
   m.attr("__version__") = CPUATTN_VERSION;
   py::register_exception<cpuattn::Error>(m, "Error", PyExc_ValueError);
 

@@ -93,7 +93,9 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
                                   {q.shape(0), q.shape(1), q.shape(2), kv.v_pages.shape[3]})
                       : writable(out_obj, "out");
   call.keep.push_back(out);
-  const auto ov = make_view<cpuattn::OutputView>(out, dtype_of(out, "out", bf16), "out");
+  const DType ot =
+      out_obj.is_none() ? (reference ? DType::f64 : qv.dtype) : dtype_of(out, "out", bf16);
+  const auto ov = make_view<cpuattn::OutputView>(out, ot, "out");
   py::array lse;
   if (return_lse) {
     lse = new_array(DType::f32, {q.shape(0), q.shape(1), q.shape(2)});
@@ -107,8 +109,9 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
     else
       cpuattn::attention(qv, kv, ov, call.opts, ctx);
   }
-  if (return_lse) return py::make_tuple(out, lse);
-  return out;
+  if (return_lse)
+    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
+  return returned(out_obj, out, ot, q_obj);
 }
 
 const char* const kPagedDoc = R"doc(
