@@ -73,13 +73,13 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 }
 
 // The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
-// and V are bf16 on the native unit). Streamed blocks read K/V in place. Contiguous K/V with
-// reduced-precision V read in place split the two streams between the phases (k_ahead): the
-// scores prefetch V beside K, P V the next block's K, and K goes as one stream, four keys at a
-// time (docs/performance.md#dm-k-ahead-in-pv). Otherwise K goes in four interleaved runs for
-// pages (their keys lie in different pages) and for contiguous K of 2-byte or f32 elements with
-// several rows, and as one stream for 1-byte K and one-row blocks (bound by their instructions,
-// they lost with runs).
+// and V are bf16 on the native unit). Streamed blocks read K/V in place. Contiguous K/V with V
+// read in place split the two streams between the phases (k_ahead): the scores prefetch V beside
+// K, P V the next block's K, and K goes as one stream, four keys at a time
+// (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32). Otherwise K goes in four interleaved
+// runs for pages (their keys lie in different pages) and for contiguous K of 2-byte or f32
+// elements with several rows, and as one stream for 1-byte K and one-row blocks (bound by their
+// instructions, they lost with runs).
 // V is read in place where its rows are whole vectors. On the native unit, blocks of several rows
 // per K/V head run bf16 K on the hi/lo dot and bf16 or int8 V (Dv whole groups of 32) on the
 // native P V runs; one row per K/V head keeps the f32 units (bound by memory, the native ones
@@ -105,7 +105,7 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
   }
-  b.k_ahead = p.pages == nullptr && p.v.dtype != DType::f32 && b.kv == KvUnit::in_place;
+  b.k_ahead = p.pages == nullptr && b.kv == KvUnit::in_place;
   const bool runs = p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1 && !b.k_ahead);
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
   return b;

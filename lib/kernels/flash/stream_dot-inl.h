@@ -239,8 +239,9 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 
 // ScoreUnit::dot for the `rows` Qp rows (stride qs) of K/V head hk: keys [0, nk_live) of the
 // contiguous block at kb0 (task keys end at k1) into S rows of s_stride. V rows are prefetched
-// beside K for reduced-precision V only: with f32 V it moved the same time from P V into the
-// scores. k_lo: Qp was multiplied by 2^120 and an fp8 K reads as Fp8E4M3Lo (fp8_lo-inl.h).
+// beside K, f32 V as well: with P V prefetching the next block's K (BlockPath::k_ahead) each
+// phase keeps one block of bytes in flight (docs/performance.md#dm-k-ahead-f32). k_lo: Qp was
+// multiplied by 2^120 and an fp8 K reads as Fp8E4M3Lo (fp8_lo-inl.h).
 template <class O, bool kHiLo>
 void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                    std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
@@ -252,9 +253,8 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
     const float* kscale = p.k_scale == nullptr
                               ? nullptr
                               : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hk * p.k_scale_s[1];
-    const char* vpf = p.v.dtype == DType::f32 ? nullptr
-                                              : static_cast<const char*>(p.v.data) +
-                                                    (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
+    const char* vpf =
+        static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
                            s_stride, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
