@@ -23,12 +23,7 @@ int main() {
     return TensorView::contiguous(w.back().data(), DType::bf16, {rows, cols});
   };
   MhaConfig config{.d_model = d, .heads = H, .kv_heads = Hkv, .head_dim = D};
-  config.rope = RopeOptions{.base = 500000.0,
-                            .scaling = {.type = RopeScalingType::llama3,
-                                        .factor = 8,
-                                        .original_max_position = 8192,
-                                        .low_freq_factor = 1,
-                                        .high_freq_factor = 4}};
+  config.rope = llama31_rope();  // theta 500000, llama3 scaling (factor 8 over 8192)
   const MultiHeadAttention layer(config, {.wq = weight(d, H * D),
                                           .wk = weight(d, Hkv * D),
                                           .wv = weight(d, Hkv * D),

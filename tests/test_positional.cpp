@@ -513,6 +513,16 @@ TEST(RopeScaling, MatchesReference) {
   }
 }
 
+// The public preset is the published configuration above: the same turns, bit for bit.
+TEST(RopeScaling, Llama31PresetIsThePublishedConfig) {
+  Tensor4 a(1, 2, 3, 128, /*blhd=*/true, /*misalign=*/0);
+  fill_nonzero(a, 77);
+  Tensor4 b = a;
+  apply_rope(a.out_view(), 70000, llama31_rope());
+  apply_rope(b.out_view(), 70000, llama31());
+  EXPECT_EQ(a.buf, b.buf);
+}
+
 // The turn of every pair at `position` of a head whose pairs are all (1, 0): (m cos, m sin).
 std::vector<std::pair<float, float>> unit_turns(const RopeOptions& o, std::int64_t D,
                                                 std::int64_t position) {

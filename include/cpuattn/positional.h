@@ -74,6 +74,18 @@ struct RopeOptions {
   RopeScaling scaling = {};
 };
 
+// Llama 3.1's rotary embedding (also Llama 3.2 and 3.3's published rope_theta and rope_scaling):
+// theta 500000, llama3 scaling by 8 over 8192 original positions, low_freq_factor 1,
+// high_freq_factor 4.
+inline RopeOptions llama31_rope() {
+  return RopeOptions{.base = 500000.0,
+                     .scaling = {.type = RopeScalingType::llama3,
+                                 .factor = 8,
+                                 .original_max_position = 8192,
+                                 .low_freq_factor = 1,
+                                 .high_freq_factor = 4}};
+}
+
 // Rotary position embedding, in place. x is a logical [B, H, L, D] f32 view (any non-negative
 // strides, last dimension contiguous; e.g. OutputView::blhd over [B, L, H, D] memory). Row l of
 // every (b, h) is at position p = position_offset + l; pair j turns by the angle p * f'_j (f'_j

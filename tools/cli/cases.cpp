@@ -249,16 +249,6 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
 // 4096-token KV cache.
 namespace {
 
-// Llama 3.1's rotary embedding (theta 500000, scaling factor 8 over 8192 original positions).
-RopeOptions llama31_rope() {
-  return RopeOptions{.base = 500000.0,
-                     .scaling = {.type = RopeScalingType::llama3,
-                                 .factor = 8,
-                                 .original_max_position = 8192,
-                                 .low_freq_factor = 1,
-                                 .high_freq_factor = 4}};
-}
-
 // The layer's weights are f32, or bf16 (rounded to nearest even) with `weights` = bf16. A
 // decoder layer adds Llama 3.1's rotary embedding and per-head QK-norm (the M1rope, M2rope shapes).
 std::shared_ptr<MultiHeadAttention> bench_layer(DType weights = DType::f32, bool decoder = false) {

@@ -179,12 +179,7 @@ struct Model {
                      .head_dim = s.d_dim,
                      .value_dim = s.d_dim};
     if (s.llama) {
-      config.rope = RopeOptions{.base = 500000.0,
-                                .scaling = {.type = RopeScalingType::llama3,
-                                            .factor = 8,
-                                            .original_max_position = 8192,
-                                            .low_freq_factor = 1,
-                                            .high_freq_factor = 4}};
+      config.rope = llama31_rope();
     }
     mha = std::make_unique<MultiHeadAttention>(config, w);
   }
