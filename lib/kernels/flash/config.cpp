@@ -2,6 +2,8 @@
 // is in docs/performance.md ("Design measurements behind the code").
 #include "kernels/flash/config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -21,6 +23,19 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 std::int64_t target_tasks() {
   static const std::int64_t n = std::max<std::int64_t>(
       16, 4 * static_cast<std::int64_t>(std::thread::hardware_concurrency()));
+  return n;
+}
+
+// The L2 of one core in bytes, as the OS reports it (sysconf; glibc reads cpuid on x86), or 512
+// KiB, the smallest L2 of the cores cpuattn targets, when it does not.
+std::int64_t l2_bytes() {
+  static const std::int64_t n = [] {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (v > 0) return static_cast<std::int64_t>(v);
+#endif
+    return std::int64_t{512} << 10;
+  }();
   return n;
 }
 
@@ -68,6 +83,9 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
   pl.keys_per_split = ceil_div(ceil_div(p.Lk, splits), block_keys) * block_keys;
   pl.k_splits = ceil_div(p.Lk, pl.keys_per_split);
   pl.tasks = units * pl.q_chunks * pl.k_splits;
+  // Half the L2 for the next task's K/V beside this task's packed blocks (driver-inl.h,
+  // InputsAhead): X1's task keeps 512 KiB packed, and a whole 1 MiB L2 of prefetches ran no faster.
+  pl.ahead_kv_bytes = l2_bytes() / 2;
   pl.partial_row_floats = p.Dv + 2;
   return pl;
 }

@@ -99,6 +99,7 @@ struct Plan {
   std::int64_t k_splits;          // tasks along the keys (merged afterwards); 1 = no split
   std::int64_t keys_per_split;    // multiple of the kernel's key block
   std::int64_t tasks;  // B * ceil(Hkv / kv_heads_per_task) * head_splits * q_chunks * k_splits
+  std::int64_t ahead_kv_bytes = 0;  // of the next task's K/V prefetched by a tiled task
 
   // A task's partial results when k_splits > 1: for each of its rows, (m, l, acc[Dv]) with acc
   // unnormalized and m in log2 units; indexed [row][split], row = (b * H + h) * Lq + i.

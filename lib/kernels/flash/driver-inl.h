@@ -76,26 +76,53 @@ CPUATTN_ALWAYS_INLINE TaskCoords DecodeTask(const detail::Problem& p, const deta
 }
 
 // The inputs a task reads next, prefetched into L2 while the query block just packed is
-// computed: the next query block's Q rows, or from the last block the next task's first Q rows and
-// first K/V block (tiled blocks only: streamed blocks prefetch their own rows). Without it a short
-// task (S1: one 128-key block per head) starts every read from memory cold; the next task is
-// usually this thread's next one. Issued in `shares` parts as the block's scores and P V run: all
-// at once, most of a 80 KB burst did nothing (docs/performance.md#dm-next-task-prefetch).
+// computed (tiled blocks only: streamed blocks prefetch their own rows): the next query block's Q
+// rows, or from the last block the next task's first Q rows; and the next task's K/V rows, up to
+// Plan::ahead_kv_bytes. Without them a short task (S1: one 128-key block per head; X1: 1024 keys
+// that the first of four query blocks reads) starts its reads from memory cold. Q goes in
+// `shares` parts as each key block's scores and P V run; K/V, the bulk, kDripLines lines after
+// each tile (Drip), within what the shares so far allow: a share at a time filled the core's miss
+// queue and stalled the tiles for as long as it saved (docs/performance.md#dm-kv-drip).
+inline constexpr int kDripLines = 8;
 struct InputsAhead {
   std::int64_t b = 0, h0 = 0, nh = 0, pos0 = 0, rows = 0;  // Q rows (PrefetchQ)
-  std::int64_t hk = 0, kb = 0, nk = 0;                     // K/V keys (PrefetchKV)
+  std::int64_t b_kv = 0, hk = 0, kb = 0, nk = 0;           // K/V keys [kb, kb + nk) of head hk
   std::int64_t issued = 0, shares = 0;
+  std::int64_t kv_quota = 0, kv_next = 0, kv_off = 0;  // keys allowed, next key, bytes of it asked
 
-  // The next share, until all are issued.
+  // The next share, until all are issued, after what the last one allowed of K/V and the tiles did
+  // not ask for (units without tiles ask for none).
   void Next(const detail::Problem& p) {
     if (issued >= shares) return;
+    Drip(p, std::numeric_limits<std::int64_t>::max());
     const std::int64_t i = issued++;
     PrefetchQ(p, b, h0, nh, pos0, rows * i / shares, rows * (i + 1) / shares);
-    const std::int64_t j0 = nk * i / shares, j1 = nk * (i + 1) / shares;
-    if (j1 > j0) PrefetchKV(p, b, hk, kb + j0, j1 - j0);
+    kv_quota = nk * (i + 1) / shares;
+  }
+  // Up to `lines` cache lines of the K/V rows (K row, then V row, key after key) that the shares
+  // so far allow.
+  CPUATTN_ALWAYS_INLINE void Drip(const detail::Problem& p, std::int64_t lines) {
+    if (kv_next >= kv_quota) return;
+    const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
+    const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
+    const std::int64_t kbytes = p.D * ek, bytes = kbytes + p.Dv * ev;
+    while (lines > 0 && kv_next < kv_quota) {
+      const std::int64_t j = kb + kv_next;
+      const char* krow =
+          static_cast<const char*>(p.k.data) + (p.key_off(p.k.s, b_kv, j) + hk * p.k.s[1]) * ek;
+      const char* vrow = static_cast<const char*>(p.v.data) +
+                         (p.key_off(p.v.s, b_kv, j) + hk * p.v.s[1]) * ev - kbytes;
+      for (; lines > 0 && kv_off < bytes; kv_off += 64, --lines)
+        detail::Prefetch<2>((kv_off < kbytes ? krow : vrow) + kv_off);
+      if (kv_off >= bytes) {
+        ++kv_next;
+        kv_off = 0;
+      }
+    }
   }
   void Rest(const detail::Problem& p) {
     while (issued < shares) Next(p);
+    Drip(p, std::numeric_limits<std::int64_t>::max());
   }
 };
 
@@ -285,7 +312,7 @@ struct HeadRows {
 template <class O, bool kNative>
 void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
                 const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi,
-                const TaskBuffers& tb, detail::PhaseClock& clock) {
+                TaskBuffers& tb, detail::PhaseClock& clock) {
   using detail::ScoreUnit;
   const int n = hr.hi - hr.lo;
   const float* qp = tb.qp + hr.lo * tb.qs;
@@ -294,7 +321,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
   switch (q.path.score) {
     case ScoreUnit::tile_f32:
       ScoreBlockTiles<O>(n, qp, tb.qs, g.D, kb.kp, kb.ncols, kb.clean_lo, kb.clean_hi, s, g.Nk,
-                         tb.rm + hr.lo, mi);
+                         tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p, kDripLines); });
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::tile_bf16:
@@ -339,7 +366,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
 // streamed units prefetch the next block's K rows as they go (KeyAheadOf).
 template <class O, bool kNative>
 void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
-             const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const TaskBuffers& tb) {
+             const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, TaskBuffers& tb) {
   using detail::PvUnit;
   float* acc = tb.acc;
   const detail::KeyAhead ahead =
@@ -348,7 +375,8 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
     case PvUnit::tile_f32:
       if (q.path.kv == detail::KvUnit::v_packed)
         PackV<O>(p, g, tc.b, hr.head, kb.kb0, kb.nk, kb.vp);
-      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, kb.vp, kb.nk, kb.nk_live, acc, g.DvP);
+      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, kb.vp, kb.nk, kb.nk_live, acc, g.DvP,
+                      [&] { tb.ahead.Drip(p, kDripLines); });
       return;
     case PvUnit::tile_bf16:
       if constexpr (kNative)
@@ -452,17 +480,31 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
     return b.path.kv == detail::KvUnit::packed_f32 || b.path.kv == detail::KvUnit::packed_bf16;
   };
   if (!packed(q)) return a;
-  if (qb + 1 < tc.qb1) {
+  const bool last = qb + 1 == tc.qb1;
+  if (!last) {
     const QueryBlock qq = QueryBlockOf<O>(p, pl, tc, g, qb + 1);
     a = {tc.b, tc.h0, tc.nh, qq.pos0, qq.rows};
-  } else if (t + 1 < pl.tasks) {
+  }
+  if (t + 1 < pl.tasks) {
     const TaskCoords tn = DecodeTask(p, pl, t + 1);
     const QueryBlock qn = QueryBlockOf<O>(p, pl, tn, g, tn.qb0);
-    if (!packed(qn)) return a;
-    a = {tn.b,    tn.h0, tn.nh,       qn.pos0,
-         qn.rows, tn.hk, qn.kb_first, std::clamp<std::int64_t>(tn.k1 - qn.kb_first, 0, g.Nk)};
-  } else {
-    return a;
+    if (packed(qn)) {
+      if (last) a = {tn.b, tn.h0, tn.nh, qn.pos0, qn.rows};
+      const auto row =
+          static_cast<std::int64_t>(p.D * dtype_size(p.k.dtype) + p.Dv * dtype_size(p.v.dtype));
+      const std::int64_t keys = std::clamp<std::int64_t>(
+          pl.ahead_kv_bytes / row, 0, std::max<std::int64_t>(0, tn.k1 - qn.kb_first));
+      // The task's first block reads its own K/V from memory; the later ones only compute, and
+      // take the next task's keys in n - 1 slices (a one-block task takes them all).
+      const std::int64_t n = tc.qb1 - tc.qb0, i = qb - tc.qb0;
+      if (n == 1 || i > 0) {
+        const std::int64_t parts = std::max<std::int64_t>(n - 1, 1), slice = n == 1 ? 0 : i - 1;
+        a.b_kv = tn.b;
+        a.hk = tn.hk;
+        a.kb = qn.kb_first + keys * slice / parts;
+        a.nk = keys * (slice + 1) / parts - keys * slice / parts;
+      }
+    }
   }
   a.shares = 2 * std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk) * tc.nhk;
   return a;

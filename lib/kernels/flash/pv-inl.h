@@ -133,9 +133,11 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, s
 
 // PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . Vp (packed chunks of a block of nk keys, the
 // first nk_live of them seen), one column chunk at a time so that the chunk stays in L1.
-template <class O>
+// between() runs after each tile, as in ScoreBlockTiles.
+template <class O, class Between>
 void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, const float* vp,
-                  std::int64_t nk, std::int64_t nk_live, float* acc, std::int64_t dvp) {
+                  std::int64_t nk, std::int64_t nk_live, float* acc, std::int64_t dvp,
+                  const Between& between) {
   constexpr int CW = O::kPvCols * O::kLanes;
   for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
@@ -144,6 +146,7 @@ void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, con
       const int R = std::min(O::kPvRows, r_hi - r0);
       PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, cw,
                 nk_live, acc + r0 * dvp + c0, dvp);
+      between();
     }
   }
 }

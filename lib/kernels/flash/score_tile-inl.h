@@ -67,11 +67,13 @@ void ScoreRows(int R, const float* q, std::int64_t qs, std::int64_t D, const flo
 
 // Scores of a block's `rows` Qp rows (stride qs) against the packed K panels of its first ncols
 // keys (whole panels), into S rows of s_stride: columns [clean_lo, clean_hi) of the block need
-// no per-element mask for any row, the others take the row masks rm[r].
-template <class O>
+// no per-element mask for any row, the others take the row masks rm[r]. between() runs after each
+// tile (the driver's prefetch of the next task's inputs, a few lines at a time).
+template <class O, class Between>
 void ScoreBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, const float* kp,
                      std::int64_t ncols, std::int64_t clean_lo, std::int64_t clean_hi, float* s,
-                     std::int64_t s_stride, const RowMask* rm, const MaskInfo& mi) {
+                     std::int64_t s_stride, const RowMask* rm, const MaskInfo& mi,
+                     const Between& between) {
   constexpr int W = O::kScoreCols * O::kLanes;
   for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
     const float* panel = kp + (c0 / W) * D * W;
@@ -86,6 +88,7 @@ void ScoreBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D,
         ScoreRows<O, false>(R, qp + r0 * qs, qs, D, panel, s + r0 * s_stride + c0, s_stride, col0,
                             rm + r0, mi);
       }
+      between();
     }
   }
 }
