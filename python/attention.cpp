@@ -234,7 +234,7 @@ void bind_attention(py::module_& m) {
       "[total_k, Hkv, D], v [total_k, Hkv, Dv], cu_seqlens_q / cu_seqlens_k integer offsets "
       "[B + 1]; each sequence attends to its own keys; every keyword of attention() but "
       "attn_mask and key_lengths applies per sequence. Returns out [total_q, H, Dv], or "
-      "(out, lse [H, total_q]).",
+      "(out, lse [H, total_q]), of q's type as attention() (a torch tensor for a torch q).",
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, py::kw_only(), "is_causal"_a = false,
       "scale"_a = py::none(), "return_lse"_a = false, "out"_a = py::none(),
       "threads"_a = py::none(), "context"_a = static_cast<CtxHandle*>(nullptr),

@@ -128,7 +128,8 @@ PagedKvCache.batch(seqs) gives all of these as keywords: attention_paged(q, **ca
 Every option is aligned to each sequence's own length: is_causal="bottom_right" (query i at
 position seq_lens[b] - Lq + i) for decoding and chunked prefill; window_size, softcap, alibi,
 alibi_slopes ([H] or [B, H]), sinks, scale, return_lse (lse [B, H, Lq]), out, threads and context
-as in attention(). A sequence of length 0 gives out 0. Returns out, or (out, lse); raises
+as in attention(). A sequence of length 0 gives out 0. Returns out, or (out, lse), of q's type as
+attention() (a torch tensor for a torch q); raises
 cpuattn.Error naming the argument (a block id outside the pool, a length past the table), and
 then writes nothing.
 )doc";
