@@ -92,9 +92,7 @@ py::object run_attention(bool reference, const py::handle& q_obj, const py::hand
     else
       cpuattn::attention(qv, kv, vv, ov, call.opts, ctx);
   }
-  if (return_lse)
-    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
-  return returned(out_obj, out, ot, q_obj);
+  return returned(out_obj, out, ot, return_lse ? &lse : nullptr, q_obj);
 }
 
 // attention_varlen() and reference_attention_varlen(): packed [total, heads, d] arrays.
@@ -143,9 +141,7 @@ py::object run_varlen(bool reference, const py::handle& q_obj, const py::handle&
     else
       cpuattn::attention_varlen(qv, kv, vv, ov, cq, ck, call.opts, ctx);
   }
-  if (return_lse)
-    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
-  return returned(out_obj, out, ot, q_obj);
+  return returned(out_obj, out, ot, return_lse ? &lse : nullptr, q_obj);
 }
 
 const char* const kAttentionDoc = R"doc(

@@ -130,6 +130,15 @@ inline py::object returned(const py::object& out_obj, const py::array& made, DTy
   return as_type_of(made, dtype, like);
 }
 
+// returned(), and with an `lse` (float32; return_lse) the tuple (out, lse), lse as the type of
+// `like` too.
+inline py::object returned(const py::object& out_obj, const py::array& made, DType dtype,
+                           const py::array* lse, const py::handle& like) {
+  py::object out = returned(out_obj, made, dtype, like);
+  if (lse == nullptr) return out;
+  return py::make_tuple(out, as_type_of(*lse, DType::f32, like));
+}
+
 // The NumPy dtype holding a library dtype: its own where NumPy has it, else its bit patterns
 // (bf16 as uint16, 8-bit floats as uint8).
 inline py::dtype numpy_dtype(DType dtype) {

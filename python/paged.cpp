@@ -109,9 +109,7 @@ py::object run_paged(bool reference, const py::handle& q_obj, const py::handle& 
     else
       cpuattn::attention(qv, kv, ov, call.opts, ctx);
   }
-  if (return_lse)
-    return py::make_tuple(returned(out_obj, out, ot, q_obj), as_type_of(lse, DType::f32, q_obj));
-  return returned(out_obj, out, ot, q_obj);
+  return returned(out_obj, out, ot, return_lse ? &lse : nullptr, q_obj);
 }
 
 const char* const kPagedDoc = R"doc(

@@ -48,25 +48,16 @@ inline TensorView f32_rows(const TensorView& x, float*& scratch) {
       for (std::int64_t d = 0; d < width; ++d) dst[to + d] = to_float(src[from + d]);
     });
   });
-  TensorView v = x;
-  v.data = dst;
-  v.dtype = DType::f32;
-  v.strides[x.rank - 1] = 1;
-  for (int d = x.rank - 2; d >= 0; --d) v.strides[d] = v.strides[d + 1] * x.shape[d + 1];
-  return v;
+  return TensorView::contiguous(dst, DType::f32, x.shape.data(), x.rank);
 }
 
 // The f32 view a layer writes for `out`: out itself, or rows in `scratch` (which moves past them)
 // that narrow_rows() then stores into out.
 inline OutputView f32_out(const OutputView& out, float*& scratch) {
   if (out.dtype == DType::f32) return out;
-  OutputView v = out;
-  v.data = scratch;
-  v.dtype = DType::f32;
+  float* rows = scratch;
   scratch += f32_rows_floats(out);
-  v.strides[out.rank - 1] = 1;
-  for (int d = out.rank - 2; d >= 0; --d) v.strides[d] = v.strides[d + 1] * out.shape[d + 1];
-  return v;
+  return OutputView::contiguous(rows, DType::f32, out.shape.data(), out.rank);
 }
 
 // Stores f32_out's rows into out, rounded to nearest even (nothing when out is f32).

@@ -110,10 +110,10 @@ struct InputsAhead {
       const std::int64_t j = kb + kv_next;
       const char* krow =
           static_cast<const char*>(p.k.data) + (p.key_off(p.k.s, b_kv, j) + hk * p.k.s[1]) * ek;
-      const char* vrow = static_cast<const char*>(p.v.data) +
-                         (p.key_off(p.v.s, b_kv, j) + hk * p.v.s[1]) * ev - kbytes;
+      const char* vrow =
+          static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b_kv, j) + hk * p.v.s[1]) * ev;
       for (; lines > 0 && kv_off < bytes; kv_off += 64, --lines)
-        detail::Prefetch<2>((kv_off < kbytes ? krow : vrow) + kv_off);
+        detail::Prefetch<2>(kv_off < kbytes ? krow + kv_off : vrow + (kv_off - kbytes));
       if (kv_off >= bytes) {
         ++kv_next;
         kv_off = 0;
