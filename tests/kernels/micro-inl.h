@@ -27,6 +27,10 @@ void MicroExp2(const float* in, float* out, std::size_t n) {
   MapArray<Ops>(in, out, n, [](Ops::V x) { return Exp2<Ops>(x); });
 }
 
+void MicroExp2Bf16(const float* in, float* out, std::size_t n) {
+  MapArray<Ops>(in, out, n, [](Ops::V x) { return Exp2Bf16<Ops>(x); });
+}
+
 void MicroTanh(const float* in, float* out, std::size_t n) {
   MapArray<Ops>(in, out, n, [](Ops::V x) { return Tanh<Ops>(x); });
 }
@@ -174,6 +178,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .pv_cols = Ops::kPvCols,
                                           .block_keys = Ops::kBlockKeys,
                                           .exp2 = &MicroExp2,
+                                          .exp2_bf16 = &MicroExp2Bf16,
                                           .tanh = &MicroTanh,
                                           .softcap = &MicroSoftCap,
                                           .transpose = &MicroTranspose,

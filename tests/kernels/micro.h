@@ -21,6 +21,7 @@ struct MicroKernels {
   int lanes, score_rows, score_cols, pv_rows, pv_cols;
   std::int64_t block_keys;
   void (*exp2)(const float* in, float* out, std::size_t n);
+  void (*exp2_bf16)(const float* in, float* out, std::size_t n);  // Exp2Bf16
   void (*tanh)(const float* in, float* out, std::size_t n);
   void (*softcap)(const float* in, float* out, std::size_t n, float cap);
   // Transposes a lanes x lanes row-major matrix in place, through registers.

@@ -38,6 +38,19 @@ void TileScores(const detail::Problem& p, int rows, std::int64_t nk, float qscal
                 qscale, s, s_stride, rm.data(), mi);
 }
 
+bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale, const float* m,
+               std::uint16_t* pb, std::int64_t pb_stride, float* lsum) {
+  using T = Bf16Tile<Ops>;
+  const std::int64_t dp2 = (p.D + 1) / 2;
+  std::vector<float> qb_buf, kb_buf;
+  auto* qb = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
+  auto* kb = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(nk * dp2));
+  T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
+  T::PackK(p, 0, 0, 0, nk, kb);
+  return T::ProbBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, nk, qscale, m,
+                      pb, pb_stride, lsum, 16);
+}
+
 void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
             std::int64_t p_stride, float* acc, std::int64_t acc_stride) {
   using T = Bf16Tile<Ops>;
@@ -46,7 +59,8 @@ void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr
   auto* vb = aligned<std::uint32_t>(vb_buf, static_cast<std::size_t>((nk + 1) / 2 * dvp));
   auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
   T::PackV(p, dvp, 0, 0, 0, nk, vb);
-  T::PvBlock(rows, pr, p_stride, pb, ncols, vb, nk, nk, acc, acc_stride);
+  for (int r = 0; r < rows; ++r) T::RoundRow(pr + r * p_stride, ncols, pb + r * p_stride);
+  T::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride);
 }
 
 void HiloScores(int rows, float* qp, std::int64_t qs, const detail::Problem& p, std::int64_t nk,
@@ -76,8 +90,9 @@ CPUATTN_NAMESPACE_END
 namespace cpuattn::detail {
 
 const NativeMicroKernels& native_micro_kernels() {
-  static const NativeMicroKernels table{&avx512bf16::TileScores, &avx512bf16::TilePv,
-                                        &avx512bf16::HiloScores, &avx512bf16::PvRuns};
+  static const NativeMicroKernels table{&avx512bf16::TileScores, &avx512bf16::TileProbs,
+                                        &avx512bf16::TilePv, &avx512bf16::HiloScores,
+                                        &avx512bf16::PvRuns};
   return table;
 }
 

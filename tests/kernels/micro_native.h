@@ -16,6 +16,12 @@ struct NativeMicroKernels {
   // as panels, s[r][0, nk rounded to panels) = qscale * q_r . k_j.
   void (*tile_scores)(const Problem& p, int rows, std::int64_t nk, float qscale, float* s,
                       std::int64_t s_stride);
+  // Bf16Tile::ProbBlock (scores and softmax in one pass): Q and K as for tile_scores, nk a whole
+  // number of 64-key panels; pb[r][j] = 2^(qscale q_r . k_j - m[r]) rounded to bf16 (bits),
+  // lsum[r * 16, + 16) the lanes' partial sums of those before rounding; false if a score is
+  // above m[r] + 8 or NaN.
+  bool (*tile_probs)(const Problem& p, int rows, std::int64_t nk, float qscale, const float* m,
+                     std::uint16_t* pb, std::int64_t pb_stride, float* lsum);
   // PvUnit::tile_bf16: acc[r][0, Dv) += P[r] (rounded to bf16) . V, V packed as pairs.
   void (*tile_pv)(const Problem& p, int rows, std::int64_t nk, const float* pr,
                   std::int64_t p_stride, float* acc, std::int64_t acc_stride);

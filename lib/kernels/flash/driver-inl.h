@@ -327,9 +327,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
     case ScoreUnit::tile_bf16:
       if constexpr (kNative)
         Bf16Tile<O>::ScoreBlock(
-            n, reinterpret_cast<const std::uint32_t*>(qp), (p.D + 1) / 2, (p.D + 1) / 2,
-            reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols, kb.clean_lo, kb.clean_hi,
-            static_cast<float>(p.scale) * detail::kLog2e, s, g.Nk, tb.rm + hr.lo, mi);
+            n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * ((p.D + 1) / 2),
+            (p.D + 1) / 2, (p.D + 1) / 2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
+            kb.clean_lo, kb.clean_hi, static_cast<float>(p.scale) * detail::kLog2e, s, g.Nk,
+            tb.rm + hr.lo, mi);
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::dot:
@@ -362,6 +363,58 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
   clock.lap(Phase::mask);
 }
 
+// ScoreUnit::tile_bf16 on a block that no row needs masked or transformed, once every row has a
+// finite max: scores and softmax in one pass (Bf16Tile::ProbBlock), Pb ready for P V. The block's
+// sums wait in S (unused on this path) until every tile has passed. False if the block must take
+// the two passes (ScoreBlock, SoftmaxRows), which then overwrite S and Pb.
+template <class O, bool kNative>
+bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>& g,
+               const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi, bool exact_pv,
+               TaskBuffers& tb) {
+  if constexpr (kNative) {
+    constexpr int N = O::kLanes;
+    if (q.path.score != detail::ScoreUnit::tile_bf16 || exact_pv || mi.transforms() ||
+        kb.clean_lo > 0 || kb.clean_hi < kb.ncols)
+      return false;
+    for (int r = hr.lo; r < hr.hi; ++r)
+      if (!(tb.m[r] > -std::numeric_limits<float>::infinity())) return false;  // -inf or NaN
+    const std::int64_t qs2 = (p.D + 1) / 2;
+    float* lsum = tb.s + hr.lo * g.Nk;
+    if (!Bf16Tile<O>::ProbBlock(hr.hi - hr.lo,
+                                reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
+                                qs2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
+                                static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo,
+                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, g.Nk))
+      return false;
+    for (int r = hr.lo; r < hr.hi; ++r)
+      O::Store(O::Add(O::Load(tb.l + r * N), O::Load(tb.s + r * g.Nk)), tb.l + r * N);
+    return true;
+  } else {
+    return false;
+  }
+}
+
+// The online softmax of rows [hr.lo, hr.hi) over the key block. The native bf16 P V tiles take
+// the probabilities rounded to bf16 (Pb) straight from it; every other unit, and P V that skips
+// the keys of weight 0, reads them in S.
+template <class O, bool kNative>
+CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g,
+                                       const KeyBlock& kb, const HeadRows& hr, bool exact_pv,
+                                       TaskBuffers& tb) {
+  constexpr int N = O::kLanes;
+  if constexpr (kNative) {
+    if (q.path.pv == detail::PvUnit::tile_bf16 && !exact_pv) {
+      for (int r = hr.lo; r < hr.hi; ++r)
+        OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
+                            g.DvP, typename Bf16Tile<O>::PutRounded{tb.pb + r * g.Nk});
+      return;
+    }
+  }
+  for (int r = hr.lo; r < hr.hi; ++r)
+    OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
+                        g.DvP);
+}
+
 // PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block; with BlockPath::k_ahead the
 // streamed units prefetch the next block's K rows as they go (KeyAheadOf).
 template <class O, bool kNative>
@@ -380,9 +433,9 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
       return;
     case PvUnit::tile_bf16:
       if constexpr (kNative)
-        Bf16Tile<O>::PvBlock(q.rows, tb.s, g.Nk, tb.pb, kb.ncols,
-                             reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live, acc,
-                             g.DvP);
+        Bf16Tile<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
+                             reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
+                             acc + hr.lo * g.DvP, g.DvP);
       return;
     case PvUnit::runs: {
       const bool v_lo = VScalesAllowLo(p, tc.b, hr.head, kb.kb0, kb.nk_live);
@@ -423,19 +476,27 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
     O::Store(O::Zero(), tb.l + r * N);
   }
   std::fill(tb.acc, tb.acc + q.rows * g.DvP, 0.0f);
+  const bool tiled =
+      q.path.score == detail::ScoreUnit::tile_f32 || q.path.score == detail::ScoreUnit::tile_bf16;
   for (std::int64_t kb0 = q.kb_first; kb0 < q.end_hi; kb0 += g.Nk) {
     const KeyBlock kb = LoadKeyBlock<O, kNative>(p, tc, q, g, kb0, tb);
     clock.lap(Phase::pack_kv);
-    SetRowMasks(p, tc, q, kb, tb.rm);
+    // Tiles read the row masks only in masked panels and for soft-cap or ALiBi: a prefill's
+    // blocks below the diagonal skip them (docs/performance.md#dm-row-masks-skipped).
+    if (!tiled || kb.clean_lo > 0 || kb.clean_hi < kb.ncols || mi.transforms())
+      SetRowMasks(p, tc, q, kb, tb.rm);
     clock.lap(Phase::mask);
     for (std::int64_t j = 0; j < tc.nhk; ++j) {
       const HeadRows hr{j, tc.hk + j, static_cast<int>(j) * q.head_rows,
                         static_cast<int>(j + 1) * q.head_rows};
-      ScoreBlock<O, kNative>(p, tc, q, g, kb, hr, mi, tb, clock);
-      tb.ahead.Next(p);
-      for (int r = hr.lo; r < hr.hi; ++r)
-        OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
-                            g.DvP);
+      if (LazyProbs<O, kNative>(p, q, g, kb, hr, mi, exact_pv, tb)) {
+        clock.lap(Phase::scores);
+        tb.ahead.Next(p);
+      } else {
+        ScoreBlock<O, kNative>(p, tc, q, g, kb, hr, mi, tb, clock);
+        tb.ahead.Next(p);
+        SoftmaxRows<O, kNative>(q, g, kb, hr, exact_pv, tb);
+      }
       clock.lap(Phase::softmax);
       if (exact_pv) {
         PvSkipZero<O>(p, tc.b, hr.head, kb0, kb.nk_live, hr.hi - hr.lo, tb.s + hr.lo * g.Nk, g.Nk,

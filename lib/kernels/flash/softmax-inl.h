@@ -20,14 +20,19 @@ CPUATTN_NAMESPACE_BEGIN
 
 // One row's online-softmax step over `ncols` scores of a block (a whole number of score panels,
 // so an even number of vectors: two accumulators per pass halve the dependency chains).
-//   srow  the row's scores in; its probabilities 2^(s - m) out (0 for masked keys)
+//   srow  the row's scores in
 //   m     the running max, updated; the accumulator is rescaled only when it grows
 //   lrow  the running sum, kept as a vector of partial sums (summed across lanes once, at the end)
 //   arow  the unnormalized output, dvp floats
-template <class O>
-CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
+//   put   put(c, p0, p1) takes the probabilities 2^(s - m) of columns [c, c + 2N) (0 for masked
+//         keys), which Put::Exp computes: F32Probs puts them back into srow with Exp2; the
+//         native bf16 tiles round them to bf16 there and then, so P V reads them once, and take
+//         Exp2Bf16 (x86/bf16_tile-inl.h, Bf16Tile::PutRounded).
+template <class O, class Put>
+CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(const float* CPUATTN_RESTRICT srow, std::int64_t ncols,
                                             float& m, float* CPUATTN_RESTRICT lrow,
-                                            float* CPUATTN_RESTRICT arow, std::int64_t dvp) {
+                                            float* CPUATTN_RESTRICT arow, std::int64_t dvp,
+                                            const Put& put) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   static_assert(O::kScoreCols % 2 == 0, "the passes below take vectors in pairs");
@@ -47,7 +52,7 @@ CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::i
       m = std::numeric_limits<float>::quiet_NaN();
       O::Store(O::Set(m), lrow);
     }
-    std::fill(srow, srow + ncols, 0.0f);
+    for (std::int64_t c = 0; c < ncols; c += 2 * N) put(c, O::Zero(), O::Zero());
     return;
   }
   if (!(m_new == m)) {
@@ -70,14 +75,31 @@ CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::i
   const V vm = O::Set(m);
   V vsum0 = O::Zero(), vsum1 = O::Zero();
   for (std::int64_t c = 0; c < ncols; c += 2 * N) {
-    const V e0 = Exp2<O>(O::Sub(O::Load(srow + c), vm));
-    const V e1 = Exp2<O>(O::Sub(O::Load(srow + c + N), vm));
-    O::Store(e0, srow + c);
-    O::Store(e1, srow + c + N);
+    const V e0 = Put::Exp(O::Sub(O::Load(srow + c), vm));
+    const V e1 = Put::Exp(O::Sub(O::Load(srow + c + N), vm));
+    put(c, e0, e1);
     vsum0 = O::Add(vsum0, e0);
     vsum1 = O::Add(vsum1, e1);
   }
   O::Store(O::Add(O::Load(lrow), O::Add(vsum0, vsum1)), lrow);
+}
+
+// The probabilities as f32, back into the scores' row.
+template <class O>
+struct F32Probs {
+  float* s;
+  static CPUATTN_ALWAYS_INLINE typename O::V Exp(typename O::V x) { return Exp2<O>(x); }
+  CPUATTN_ALWAYS_INLINE void operator()(std::int64_t c, typename O::V p0, typename O::V p1) const {
+    O::Store(p0, s + c);
+    O::Store(p1, s + c + O::kLanes);
+  }
+};
+
+template <class O>
+CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(float* CPUATTN_RESTRICT srow, std::int64_t ncols,
+                                            float& m, float* CPUATTN_RESTRICT lrow,
+                                            float* CPUATTN_RESTRICT arow, std::int64_t dvp) {
+  OnlineSoftmaxRow<O>(srow, ncols, m, lrow, arow, dvp, F32Probs<O>{srow});
 }
 
 CPUATTN_NAMESPACE_END

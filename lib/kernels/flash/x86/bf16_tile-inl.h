@@ -29,6 +29,7 @@
 #include "core/problem.h"
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/geometry-inl.h"
+#include "simd/math-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/x86/x86-inl.h"
 
@@ -126,16 +127,12 @@ struct Bf16Tile {
     }
   }
 
-  // Scores of R rows x W keys: S = qscale * (Qb . Kb panel), masked in the epilogue.
-  template <int R, bool kMasked>
-  static CPUATTN_ALWAYS_INLINE void ScoreTile(const std::uint32_t* CPUATTN_RESTRICT q,
-                                              std::int64_t qs2, std::int64_t dp2,
-                                              const std::uint32_t* CPUATTN_RESTRICT kb,
-                                              float qscale, float* CPUATTN_RESTRICT s,
-                                              std::int64_t s_stride, std::int32_t col0,
-                                              const RowMask* rows, const MaskInfo& mi) {
+  // acc = Qb rows . Kb panel, R rows x W keys.
+  template <int R>
+  static CPUATTN_ALWAYS_INLINE void Dots(const std::uint32_t* CPUATTN_RESTRICT q, std::int64_t qs2,
+                                         std::int64_t dp2, const std::uint32_t* CPUATTN_RESTRICT kb,
+                                         __m512 (&acc)[R][W / N]) {
     constexpr int C = W / N;
-    __m512 acc[R][C];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       CPUATTN_UNROLL(4)
@@ -152,6 +149,19 @@ struct Bf16Tile {
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
       }
     }
+  }
+
+  // Scores of R rows x W keys: S = qscale * (Qb . Kb panel), masked in the epilogue.
+  template <int R, bool kMasked>
+  static CPUATTN_ALWAYS_INLINE void ScoreTile(const std::uint32_t* CPUATTN_RESTRICT q,
+                                              std::int64_t qs2, std::int64_t dp2,
+                                              const std::uint32_t* CPUATTN_RESTRICT kb,
+                                              float qscale, float* CPUATTN_RESTRICT s,
+                                              std::int64_t s_stride, std::int32_t col0,
+                                              const RowMask* rows, const MaskInfo& mi) {
+    constexpr int C = W / N;
+    __m512 acc[R][C];
+    Dots<R>(q, qs2, dp2, kb, acc);
     const __m512 vs = _mm512_set1_ps(qscale);
     typename O::V x[R][C];
     CPUATTN_UNROLL(16)
@@ -182,6 +192,111 @@ struct Bf16Tile {
       default:
         break;
     }
+  }
+
+  // The softmax's probabilities of columns [c, c + 32) rounded to bf16 into a Pb row
+  // (OnlineSoftmaxRow's put): the f32 values never return to S.
+  struct PutRounded {
+    std::uint16_t* pb;
+    static CPUATTN_ALWAYS_INLINE typename O::V Exp(typename O::V x) { return Exp2Bf16<O>(x); }
+    CPUATTN_ALWAYS_INLINE void operator()(std::int64_t c, typename O::V p0,
+                                          typename O::V p1) const {
+      const __m512bh h = _mm512_cvtne2ps_pbh(O::ToRaw(p1), O::ToRaw(p0));
+      _mm512_storeu_si512(pb + c, (__m512i)h);
+    }
+  };
+
+  // How far above a row's running max m a block's scores may go and still be weighed against m
+  // (2^(s - m) <= 2^8: f32 holds the sums with room to spare) before the block takes the
+  // two-pass softmax, which moves m to the block's max.
+  static constexpr float kLazyMaxSlack = 8.0f;
+
+  // ProbBlock's tile: R rows x W keys of probabilities 2^(s - m[r]) rounded to bf16 into Pb rows
+  // and summed into lsum rows (one vector each), straight from the accumulators; false, with
+  // nothing written, if a score is above m[r] + kLazyMaxSlack or NaN.
+  template <int R>
+  static CPUATTN_ALWAYS_INLINE bool ProbTile(const std::uint32_t* CPUATTN_RESTRICT q,
+                                             std::int64_t qs2, std::int64_t dp2,
+                                             const std::uint32_t* CPUATTN_RESTRICT kb, float qscale,
+                                             const float* m, std::uint16_t* CPUATTN_RESTRICT pb,
+                                             std::int64_t pb_stride, float* CPUATTN_RESTRICT lsum,
+                                             std::int64_t lsum_stride) {
+    constexpr int C = W / N;
+    static_assert(C % 2 == 0, "probabilities are rounded two vectors at a time");
+    __m512 acc[R][C];
+    Dots<R>(q, qs2, dp2, kb, acc);
+    const __m512 vs = _mm512_set1_ps(qscale);
+    __mmask16 over = 0;
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const __m512 lim = _mm512_set1_ps(m[r] + kLazyMaxSlack);
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = _mm512_mul_ps(acc[r][c], vs);
+        over |= _mm512_cmp_ps_mask(acc[r][c], lim, _CMP_NLE_UQ);
+      }
+    }
+    if (over != 0) return false;
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const typename O::V vm = O::Set(m[r]);
+      typename O::V sum = O::Load(lsum + r * lsum_stride);
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; c += 2) {
+        const typename O::V e0 = Exp2Bf16<O>(O::Sub(O::FromRaw(acc[r][c]), vm));
+        const typename O::V e1 = Exp2Bf16<O>(O::Sub(O::FromRaw(acc[r][c + 1]), vm));
+        PutRounded{pb + r * pb_stride}(c * N, e0, e1);
+        sum = O::Add(sum, O::Add(e0, e1));
+      }
+      O::Store(sum, lsum + r * lsum_stride);
+    }
+    return true;
+  }
+
+  static bool ProbRows(int R, const std::uint32_t* q, std::int64_t qs2, std::int64_t dp2,
+                       const std::uint32_t* kb, float qscale, const float* m, std::uint16_t* pb,
+                       std::int64_t pb_stride, float* lsum, std::int64_t lsum_stride) {
+    switch (R) {
+#define CPUATTN_BF16_PROB_CASE(n)                                                       \
+  case n:                                                                               \
+    if constexpr (n <= O::kScoreRows)                                                   \
+      return ProbTile<n>(q, qs2, dp2, kb, qscale, m, pb, pb_stride, lsum, lsum_stride); \
+    break;
+      CPUATTN_BF16_PROB_CASE(1)
+      CPUATTN_BF16_PROB_CASE(2)
+      CPUATTN_BF16_PROB_CASE(3)
+      CPUATTN_BF16_PROB_CASE(4)
+      CPUATTN_BF16_PROB_CASE(5)
+      CPUATTN_BF16_PROB_CASE(6)
+#undef CPUATTN_BF16_PROB_CASE
+      default:
+        break;
+    }
+    return false;
+  }
+
+  // Scores and softmax of a block in one pass (lazy rescaling), for a block that no row needs
+  // masked or transformed and whose rows have each seen a block: the rows' max m stays where it
+  // is, so each tile turns its scores into bf16 probabilities Pb (the first ncols columns, whole
+  // panels) while they are in registers, and adds their sums into lsum rows. Scores, their max,
+  // their exponentials and their rounding no longer cross memory between passes. False as soon
+  // as a tile finds a score above m + kLazyMaxSlack (or NaN): the block then takes the two
+  // passes, which overwrite what was written.
+  static bool ProbBlock(int rows, const std::uint32_t* qb, std::int64_t qs2, std::int64_t dp2,
+                        const std::uint32_t* kb, std::int64_t ncols, float qscale, const float* m,
+                        std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
+                        std::int64_t lsum_stride) {
+    for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
+    for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+      const std::uint32_t* panel = kb + (c0 / W) * dp2 * W;
+      for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+        const int R = std::min(O::kScoreRows, rows - r0);
+        if (!ProbRows(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0, pb + r0 * pb_stride + c0,
+                      pb_stride, lsum + r0 * lsum_stride, lsum_stride))
+          return false;
+      }
+    }
+    return true;
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
@@ -293,12 +408,11 @@ struct Bf16Tile {
     }
   }
 
-  // PvUnit::tile_bf16: Pb rows = the block's P rows (s_stride apart, ncols whole panels) rounded
-  // to bf16, then Acc rows += Pb . Vb chunks of a block of nk keys, the first nk_live seen.
-  static void PvBlock(int rows, const float* s, std::int64_t s_stride, std::uint16_t* pb,
-                      std::int64_t ncols, const std::uint32_t* vb, std::int64_t nk,
-                      std::int64_t nk_live, float* acc, std::int64_t dvp) {
-    for (int r = 0; r < rows; ++r) RoundRow(s + r * s_stride, ncols, pb + r * s_stride);
+  // PvUnit::tile_bf16: Acc rows += Pb rows (the block's probabilities as the softmax rounded
+  // them, PutRounded; pb_stride apart) . Vb chunks of a block of nk keys, the first nk_live seen.
+  static void PvBlock(int rows, const std::uint16_t* pb, std::int64_t pb_stride,
+                      const std::uint32_t* vb, std::int64_t nk, std::int64_t nk_live, float* acc,
+                      std::int64_t dvp) {
     const std::int64_t nk2 = Pairs(nk), live2 = Pairs(nk_live);
     for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
       const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
@@ -306,8 +420,8 @@ struct Bf16Tile {
       for (int r0 = 0; r0 < rows; r0 += O::kPvRows) {
         const int R = std::min(O::kPvRows, rows - r0);
         PvRows(R, static_cast<int>(cw / N),
-               reinterpret_cast<const std::uint32_t*>(pb + r0 * s_stride), s_stride / 2, vchunk, cw,
-               live2, acc + r0 * dvp + c0, dvp);
+               reinterpret_cast<const std::uint32_t*>(pb + r0 * pb_stride), pb_stride / 2, vchunk,
+               cw, live2, acc + r0 * dvp + c0, dvp);
       }
     }
   }
