@@ -237,14 +237,18 @@ inline Tolerance tolerance_of(const Case& c, bool native_path) {
   // int8 V in those decoding steps runs P V on VNNI: each block's weights p_j vscale_j are
   // quantized to int16 against the block's largest, off by at most 2^-16 of it, so out moves by
   // at most (block keys, 128) 2^-16 max|v| = 2^-9 max|v| (NativeBf16::QuantWeightRow).
+  // The native prefill tiles (bf16 Q too) take P from Exp2Bf16, 3e-6 relative: the weights move
+  // by twice that, and the lse by that.
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
   const double ramp = c.key_ramp != 0 ? 2.2 : 1.0;
-  const double p_round =
-      !native_path ? 0.0
-      : c.kv_dtype == DType::bf16
-          ? unit_roundoff(DType::bf16) + std::ldexp(1.0, -15) * double(c.D) * scale * ramp
-      : c.kv_dtype == DType::i8 ? std::ldexp(1.0, -9)
-                                : 0.0;
+  const bool native_tiles = native_path && c.q_dtype == DType::bf16 && c.kv_dtype == DType::bf16;
+  const double exp_bf16 = native_tiles ? 3e-6 : 0.0;
+  const double p_round = !native_path ? 0.0
+                         : c.kv_dtype == DType::bf16
+                             ? unit_roundoff(DType::bf16) +
+                                   std::ldexp(1.0, -15) * double(c.D) * scale * ramp + 2 * exp_bf16
+                         : c.kv_dtype == DType::i8 ? std::ldexp(1.0, -9)
+                                                   : 0.0;
   const double out_round = c.out_dtype == DType::f32 ? 0.0 : unit_roundoff(c.out_dtype);
 
   // Error model: rounding of the D-long dot products (scaled by the score magnitude, <= D * scale
@@ -258,7 +262,7 @@ inline Tolerance tolerance_of(const Case& c, bool native_path) {
   const double atol =
       8 * eps * (std::sqrt(double(c.Lk)) + std::sqrt(double(c.D)) * score_mag) + 1e-6;
   const double lse_tol =
-      8 * eps * (std::sqrt(double(c.D)) * score_mag + std::log(double(c.Lk)) + 8);
+      8 * eps * (std::sqrt(double(c.D)) * score_mag + std::log(double(c.Lk)) + 8) + exp_bf16;
   return {atol + p_round, out_round, lse_tol, 4 * eps};
 }
 
