@@ -66,6 +66,12 @@ void MicroScoreTile(int R, const float* q, std::int64_t qs, std::int64_t D, cons
   }
 }
 
+bool MicroProbBlock(int rows, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
+                    std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                    float* lsum) {
+  return ProbBlockTiles<Ops>(rows, q, qs, D, kp, ncols, m, s, s_stride, lsum, Ops::kLanes, [] {});
+}
+
 void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
                  std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride) {
   PvRows<Ops>(R, C, p, p_stride, vp, cw, nk, acc, acc_stride);
@@ -182,6 +188,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .tanh = &MicroTanh,
                                           .softcap = &MicroSoftCap,
                                           .transpose = &MicroTranspose,
+                                          .prob_block = &MicroProbBlock,
                                           .score_tile = &MicroScoreTile,
                                           .pv_tile = &MicroPvTile,
                                           .pack_kv = &MicroPackKV,

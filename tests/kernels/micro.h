@@ -28,6 +28,12 @@ struct MicroKernels {
   void (*transpose)(float* m);
   // The score micro-kernel for R rows and one panel of score_cols * lanes keys (s aligned).
   // masked: apply ends[r] and masks[r] (nullptr or the row's mask at the tile's first key).
+  // ProbBlockTiles: rows of Qp (stride qs) against ncols keys of packed K panels ([panel][D][W]),
+  // s[r][j] = 2^(q_r . k_j - m[r]), lsum[r * lanes, + lanes) their lanes' partial sums; false if
+  // a score is above m[r] + 8.
+  bool (*prob_block)(int rows, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
+                     std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                     float* lsum);
   void (*score_tile)(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
                      float* s, std::int64_t s_stride, std::int32_t col0, bool masked,
                      const std::int32_t* ends, const void* const* masks, MaskKind kind,

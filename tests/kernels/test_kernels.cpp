@@ -174,6 +174,61 @@ TEST_P(Micro, TransposeIsExact) {
 enum class MaskCase { none, ends, boolean, boolean_broadcast, additive };
 
 // S[r][w] = q[r] . Kp[:, w] for every row count, ragged D, misaligned operands and every mask.
+// Scores and softmax in one pass (lazy max): each probability within Exp2's 3e-7 and what the f32
+// score's rounding moves it by, the sums within that plus f32 additions; a row whose largest
+// score is 8.5 above its m refuses the block.
+TEST_P(Micro, ProbBlockMatchesDouble) {
+  const auto& k = mk();
+  const int W = k.score_cols * k.lanes;
+  for (int rows : {1, k.score_rows, k.score_rows + 1, 13})
+    for (std::int64_t D : {1, 17, 64})
+      for (std::int64_t ncols : {W, 2 * W}) {
+        const std::int64_t qs = D + 3, s_stride = ncols + 16;
+        Buf q(rows * qs, 1), kp(D * ncols), s(rows * s_stride), lsum(rows * k.lanes);
+        fill(q.data(), rows * qs, 21 + rows);
+        fill(kp.data(), D * ncols, 23 + static_cast<std::uint32_t>(D), -2.0f, 2.0f);
+        std::vector<double> want(rows * ncols), err(rows * ncols), row_max(rows, -1e300);
+        std::vector<float> m(rows);
+        for (int r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < ncols; ++j) {
+            const float* panel = kp.data() + j / W * D * W;
+            double dot = 0, mag = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              const double t = double(q.data()[r * qs + d]) * panel[d * W + j % W];
+              dot += t;
+              mag += std::abs(t);
+            }
+            want[r * ncols + j] = dot;
+            err[r * ncols + j] = (D + 2) * kEps * mag;
+            row_max[r] = std::max(row_max[r], dot);
+          }
+          m[r] = static_cast<float>(row_max[r] - 3 + 0.25 * r);
+        }
+        const std::string what = "rows " + std::to_string(rows) + " D " + std::to_string(D) +
+                                 " ncols " + std::to_string(ncols);
+        ASSERT_TRUE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), s.data(),
+                                 s_stride, lsum.data()))
+            << what;
+        for (int r = 0; r < rows; ++r) {
+          double sum = 0, tol = 0, got_sum = 0;
+          for (std::int64_t j = 0; j < ncols; ++j) {
+            const double x = want[r * ncols + j] - m[r], e = std::exp2(x);
+            const double rel = 3e-7 + std::log(2.0) * (err[r * ncols + j] + kEps * std::abs(x));
+            ASSERT_LE(std::abs(s.data()[r * s_stride + j] - e), rel * e)
+                << what << ": row " << r << " key " << j;
+            sum += e;
+            tol += (rel + ncols * kEps) * e;
+          }
+          for (int i = 0; i < k.lanes; ++i) got_sum += lsum.data()[r * k.lanes + i];
+          ASSERT_LE(std::abs(got_sum - sum), tol) << what << ": the sum of row " << r;
+        }
+        m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
+        EXPECT_FALSE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), s.data(),
+                                  s_stride, lsum.data()))
+            << what;
+      }
+}
+
 TEST_P(Micro, ScoreTileMatchesDouble) {
   const auto& k = mk();
   const int W = k.score_cols * k.lanes;

@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -363,35 +364,41 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
   clock.lap(Phase::mask);
 }
 
-// ScoreUnit::tile_bf16 on a block that no row needs masked or transformed, once every row has a
-// finite max: scores and softmax in one pass (Bf16Tile::ProbBlock), Pb ready for P V. The block's
-// sums wait in S (unused on this path) until every tile has passed. False if the block must take
-// the two passes (ScoreBlock, SoftmaxRows), which then overwrite S and Pb.
+// The tiled score units on a block that no row needs masked or transformed, once every row has a
+// finite max: scores and softmax in one pass (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for
+// P V). The block's sums wait on the stack until every tile has passed. False if the block must
+// take the two passes (ScoreBlock, SoftmaxRows), which then overwrite S and Pb.
 template <class O, bool kNative>
 bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>& g,
                const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi, bool exact_pv,
                TaskBuffers& tb) {
-  if constexpr (kNative) {
-    constexpr int N = O::kLanes;
-    if (q.path.score != detail::ScoreUnit::tile_bf16 || exact_pv || mi.transforms() ||
-        kb.clean_lo > 0 || kb.clean_hi < kb.ncols)
-      return false;
-    for (int r = hr.lo; r < hr.hi; ++r)
-      if (!(tb.m[r] > -std::numeric_limits<float>::infinity())) return false;  // -inf or NaN
+  using detail::ScoreUnit;
+  constexpr int N = O::kLanes;
+  const bool f32 = q.path.score == ScoreUnit::tile_f32;
+  if ((!f32 && q.path.score != ScoreUnit::tile_bf16) || exact_pv || mi.transforms() || q.k_lo ||
+      kb.clean_lo > 0 || kb.clean_hi < kb.ncols)
+    return false;
+  for (int r = hr.lo; r < hr.hi; ++r)
+    if (!std::isfinite(tb.m[r])) return false;
+  const int n = hr.hi - hr.lo;
+  alignas(64) float lsum[O::kBlockRows * N];
+  bool ok = false;
+  if (f32) {
+    ok = ProbBlockTiles<O>(n, tb.qp + hr.lo * tb.qs, tb.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
+                           tb.s + hr.lo * g.Nk, g.Nk, lsum, N,
+                           [&] { tb.ahead.Drip(p, kDripLines); });
+  } else if constexpr (kNative) {
     const std::int64_t qs2 = (p.D + 1) / 2;
-    float* lsum = tb.s + hr.lo * g.Nk;
-    if (!Bf16Tile<O>::ProbBlock(hr.hi - hr.lo,
-                                reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
+    ok = Bf16Tile<O>::ProbBlock(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
                                 qs2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
                                 static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo,
-                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, g.Nk))
-      return false;
-    for (int r = hr.lo; r < hr.hi; ++r)
-      O::Store(O::Add(O::Load(tb.l + r * N), O::Load(tb.s + r * g.Nk)), tb.l + r * N);
-    return true;
-  } else {
-    return false;
+                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, N);
   }
+  if (!ok) return false;
+  for (int r = 0; r < n; ++r)
+    O::Store(O::Add(O::Load(tb.l + (hr.lo + r) * N), O::Load(lsum + r * N)),
+             tb.l + (hr.lo + r) * N);
+  return true;
 }
 
 // The online softmax of rows [hr.lo, hr.hi) over the key block. The native bf16 P V tiles take

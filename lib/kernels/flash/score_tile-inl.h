@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/common/mask-inl.h"
 #include "kernels/common/outer-inl.h"
+#include "kernels/flash/softmax-inl.h"
+#include "simd/math-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -91,6 +94,102 @@ void ScoreBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D,
       between();
     }
   }
+}
+
+// ProbBlockTiles' tile: R rows x W keys of probabilities 2^(s - m[r]) into S rows, and their sums
+// into lsum rows (one vector each), from the accumulators; false, with nothing summed, if a score
+// is above m[r] + kLazyMaxSlack. A NaN score passes as NaN probabilities, which the driver's
+// check of Acc (AccFinite) sends through the exact rerun.
+template <class O, int R>
+CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
+                                    std::int64_t D, const float* CPUATTN_RESTRICT kp,
+                                    const float* m, float* CPUATTN_RESTRICT s,
+                                    std::int64_t s_stride, float* CPUATTN_RESTRICT lsum,
+                                    std::int64_t lsum_stride) {
+  using V = typename O::V;
+  constexpr int C = O::kScoreCols, N = O::kLanes;
+  V acc[R][C];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
+  }
+  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * N, D, acc);
+  V over = O::Set(-std::numeric_limits<float>::infinity());
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    const V vm = O::Set(m[r]);
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) over = O::Max(over, O::Sub(acc[r][c], vm));
+  }
+  if (O::ReduceMax(over) > kLazyMaxSlack) return false;
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    const V vm = O::Set(m[r]);
+    V sum = O::Load(lsum + r * lsum_stride);
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) {
+      const V e = Exp2<O>(O::Sub(acc[r][c], vm));
+      O::Store(e, s + r * s_stride + c * N);
+      sum = O::Add(sum, e);
+    }
+    O::Store(sum, lsum + r * lsum_stride);
+  }
+  return true;
+}
+
+template <class O>
+bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
+              const float* m, float* s, std::int64_t s_stride, float* lsum,
+              std::int64_t lsum_stride) {
+  switch (R) {
+#define CPUATTN_PROB_CASE(n)                                                  \
+  case n:                                                                     \
+    if constexpr (n <= O::kScoreRows)                                         \
+      return ProbTile<O, n>(q, qs, D, kp, m, s, s_stride, lsum, lsum_stride); \
+    break;
+    CPUATTN_PROB_CASE(1)
+    CPUATTN_PROB_CASE(2)
+    CPUATTN_PROB_CASE(3)
+    CPUATTN_PROB_CASE(4)
+    CPUATTN_PROB_CASE(5)
+    CPUATTN_PROB_CASE(6)
+    CPUATTN_PROB_CASE(7)
+    CPUATTN_PROB_CASE(8)
+    CPUATTN_PROB_CASE(9)
+    CPUATTN_PROB_CASE(10)
+    CPUATTN_PROB_CASE(11)
+    CPUATTN_PROB_CASE(12)
+#undef CPUATTN_PROB_CASE
+    default:
+      break;
+  }
+  return false;
+}
+
+// Scores and softmax of a block in one pass (lazy rescaling), for a block that no row needs masked
+// or transformed and whose rows have each seen a block: each row's max m stays where it is, so
+// each tile writes its probabilities 2^(s - m) to S (the first ncols columns, whole panels) while
+// the scores are in registers, and adds their sums into lsum rows (zeroed here). The max pass and
+// the exp2 pass over S are gone. False as soon as a tile finds a score above m + kLazyMaxSlack:
+// the block then takes the two passes, which overwrite S. between() as in ScoreBlockTiles.
+template <class O, class Between>
+bool ProbBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, const float* kp,
+                    std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                    float* lsum, std::int64_t lsum_stride, const Between& between) {
+  constexpr int W = O::kScoreCols * O::kLanes;
+  for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
+  for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+    const float* panel = kp + (c0 / W) * D * W;
+    for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+      const int R = std::min(O::kScoreRows, rows - r0);
+      if (!ProbRows<O>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0, s_stride,
+                       lsum + r0 * lsum_stride, lsum_stride))
+        return false;
+      between();
+    }
+  }
+  return true;
 }
 
 CPUATTN_NAMESPACE_END

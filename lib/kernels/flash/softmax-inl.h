@@ -18,6 +18,12 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// How far above a row's running max m a clean block's scores may go and still be weighed against
+// m in one pass with the scores (lazy rescaling: ProbBlockTiles, Bf16Tile::ProbBlock): weights up
+// to 2^8, which f32 sums hold with room to spare. A higher score sends the block through the two
+// passes (scores, then OnlineSoftmaxRow), which move m to the block's max.
+inline constexpr float kLazyMaxSlack = 8.0f;
+
 // One row's online-softmax step over `ncols` scores of a block (a whole number of score panels,
 // so an even number of vectors: two accumulators per pass halve the dependency chains).
 //   srow  the row's scores in

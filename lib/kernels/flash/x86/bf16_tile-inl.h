@@ -29,6 +29,7 @@
 #include "core/problem.h"
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/geometry-inl.h"
+#include "kernels/flash/softmax-inl.h"
 #include "simd/math-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/x86/x86-inl.h"
@@ -205,11 +206,6 @@ struct Bf16Tile {
       _mm512_storeu_si512(pb + c, (__m512i)h);
     }
   };
-
-  // How far above a row's running max m a block's scores may go and still be weighed against m
-  // (2^(s - m) <= 2^8: f32 holds the sums with room to spare) before the block takes the
-  // two-pass softmax, which moves m to the block's max.
-  static constexpr float kLazyMaxSlack = 8.0f;
 
   // ProbBlock's tile: R rows x W keys of probabilities 2^(s - m[r]) rounded to bf16 into Pb rows
   // and summed into lsum rows (one vector each), straight from the accumulators; false, with
