@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtypes.h"
@@ -49,6 +50,17 @@ detail::Problem problem(std::int64_t rows, std::int64_t nk, std::int64_t D, std:
   return p;
 }
 
+// a . b over n values in double, and the sum of the terms' magnitudes (what f32 rounding scales).
+std::pair<double, double> dot(const float* a, const float* b, std::int64_t n) {
+  double sum = 0, mag = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double t = double(a[i]) * b[i];
+    sum += t;
+    mag += std::abs(t);
+  }
+  return {sum, mag};
+}
+
 TEST(NativeUnits, TileScoresMatchDouble) {
   if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
   const auto& k = detail::native_micro_kernels();
@@ -64,12 +76,7 @@ TEST(NativeUnits, TileScoresMatchDouble) {
         k.tile_scores(p, rows, nk, qscale, s.data(), ncols);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t j = 0; j < nk; ++j) {
-            double want = 0, mag = 0;
-            for (std::int64_t d = 0; d < D; ++d) {
-              const double t = double(q.value[r * D + d]) * kv.value[j * D + d];
-              want += t;
-              mag += std::abs(t);
-            }
+            const auto [want, mag] = dot(&q.value[r * D], &kv.value[j * D], D);
             ASSERT_LE(std::abs(s.data()[r * ncols + j] - qscale * want),
                       (D + 2) * kEps * qscale * mag + 1e-30)
                 << "rows " << rows << " D " << D << " nk " << nk << ": row " << r << " key " << j;
@@ -96,12 +103,7 @@ TEST(NativeUnits, TileProbsMatchDouble) {
         for (int r = 0; r < rows; ++r) {
           double mx = -1e300;
           for (std::int64_t j = 0; j < nk; ++j) {
-            double s = 0, mag = 0;
-            for (std::int64_t d = 0; d < D; ++d) {
-              const double t = double(q.value[r * D + d]) * kv.value[j * D + d];
-              s += t;
-              mag += std::abs(t);
-            }
+            const auto [s, mag] = dot(&q.value[r * D], &kv.value[j * D], D);
             want[r * nk + j] = qscale * s;
             err[r * nk + j] = (D + 3) * kEps * qscale * mag;
             mx = std::max(mx, qscale * s);
