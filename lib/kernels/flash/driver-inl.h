@@ -378,9 +378,10 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   if ((!f32 && q.path.score != ScoreUnit::tile_bf16) || exact_pv || mi.transforms() || q.k_lo ||
       kb.clean_lo > 0 || kb.clean_hi < kb.ncols)
     return false;
+  const int n = hr.hi - hr.lo;
+  if (n > O::kBlockRows) return false;  // plans keep tiled blocks to kBlockRows rows
   for (int r = hr.lo; r < hr.hi; ++r)
     if (!std::isfinite(tb.m[r])) return false;
-  const int n = hr.hi - hr.lo;
   alignas(64) float lsum[O::kBlockRows * N];
   bool ok = false;
   if (f32) {
