@@ -235,6 +235,8 @@ CPUATTN_ALWAYS_INLINE void SetRowSlopes(const detail::Problem& p, const TaskCoor
 struct KeyBlock {
   std::int64_t kb0, nk, nk_live, ncols, clean_lo, clean_hi;
   float *kp, *vp;
+  // No panel of the block needs a per-element mask for any row.
+  bool clean() const { return clean_lo == 0 && clean_hi >= ncols; }
 };
 
 // KvUnit: the block's geometry, and for the packed units the block packed (once per task when
@@ -376,7 +378,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   constexpr int N = O::kLanes;
   const bool f32 = q.path.score == ScoreUnit::tile_f32;
   if ((!f32 && q.path.score != ScoreUnit::tile_bf16) || exact_pv || mi.transforms() || q.k_lo ||
-      kb.clean_lo > 0 || kb.clean_hi < kb.ncols)
+      !kb.clean())
     return false;
   const int n = hr.hi - hr.lo;
   if (n > O::kBlockRows) return false;  // plans keep tiled blocks to kBlockRows rows
@@ -491,8 +493,7 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
     clock.lap(Phase::pack_kv);
     // Tiles read the row masks only in masked panels and for soft-cap or ALiBi: a prefill's
     // blocks below the diagonal skip them (docs/performance.md#dm-row-masks-skipped).
-    if (!tiled || kb.clean_lo > 0 || kb.clean_hi < kb.ncols || mi.transforms())
-      SetRowMasks(p, tc, q, kb, tb.rm);
+    if (!tiled || !kb.clean() || mi.transforms()) SetRowMasks(p, tc, q, kb, tb.rm);
     clock.lap(Phase::mask);
     for (std::int64_t j = 0; j < tc.nhk; ++j) {
       const HeadRows hr{j, tc.hk + j, static_cast<int>(j) * q.head_rows,

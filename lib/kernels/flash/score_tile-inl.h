@@ -20,6 +20,20 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// acc = Qp rows . Kp panel: R rows x W = C vectors of keys (C = O::kScoreCols).
+template <class O, int R>
+CPUATTN_ALWAYS_INLINE void TileDots(const float* CPUATTN_RESTRICT q, std::int64_t qs,
+                                    std::int64_t D, const float* CPUATTN_RESTRICT kp,
+                                    typename O::V (&acc)[R][O::kScoreCols]) {
+  constexpr int C = O::kScoreCols;
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) {
+    CPUATTN_UNROLL(4)
+    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
+  }
+  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * O::kLanes, D, acc);
+}
+
 // Scores of R rows x W = C vectors of keys (C = O::kScoreCols): S[r][0:W] = Qp[r] . Kp panel.
 // R * C accumulators stay in registers for the whole D loop; each d costs C loads, R broadcasts
 // and R * C FMAs.
@@ -28,15 +42,9 @@ CPUATTN_ALWAYS_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64
                                      std::int64_t D, const float* CPUATTN_RESTRICT kp,
                                      float* CPUATTN_RESTRICT s, std::int64_t s_stride,
                                      std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
-  using V = typename O::V;
   constexpr int C = O::kScoreCols;
-  V acc[R][C];
-  CPUATTN_UNROLL(16)
-  for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(4)
-    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
-  }
-  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * O::kLanes, D, acc);
+  typename O::V acc[R][C];
+  TileDots<O, R>(q, qs, D, kp, acc);
   ScoreEpilogue<O, R, C, kMasked>(acc, s, s_stride, col0, rows, mi);
 }
 
@@ -109,12 +117,7 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
   using V = typename O::V;
   constexpr int C = O::kScoreCols, N = O::kLanes;
   V acc[R][C];
-  CPUATTN_UNROLL(16)
-  for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(4)
-    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
-  }
-  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * N, D, acc);
+  TileDots<O, R>(q, qs, D, kp, acc);
   V over = O::Set(-std::numeric_limits<float>::infinity());
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
