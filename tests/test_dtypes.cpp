@@ -146,17 +146,6 @@ TEST(Quantize, SymmetricPerRow) {
   EXPECT_EQ(q[0], 9);  // nothing written
 }
 
-// Backends for the dtype grid: every (provider, target) of the machine, plus the native bf16
-// kernel where the CPU has it (the avx512 entries then run the portable bf16 path: the cap).
-std::vector<Backend> dtype_backends() {
-  std::vector<Backend> bs = machine_backends();
-  if (machine_runs(Target::avx512_bf16)) {
-    bs.insert(bs.begin(), Backend{Simd::highway, Target::avx512_bf16});
-    bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::avx512_bf16});
-  }
-  return bs;
-}
-
 struct Dtypes {
   DType q, kv, out;
 };
@@ -294,7 +283,7 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
   check_case(c, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DtypeGrid, ::testing::ValuesIn(dtype_backends()),
+INSTANTIATE_TEST_SUITE_P(Backends, DtypeGrid, ::testing::ValuesIn(native_and_machine_backends()),
                          [](const auto& info) { return info.param.name(); });
 
 // The cap decides the bf16 path; active_bf16_path() says which runs.

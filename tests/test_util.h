@@ -99,6 +99,17 @@ inline std::vector<Backend> machine_backends() {
   return bs;
 }
 
+// Every (provider, target) of the machine, plus the native bf16 and VNNI units where the CPU has
+// them (the avx512 entries then run the portable paths: the cap).
+inline std::vector<Backend> native_and_machine_backends() {
+  std::vector<Backend> bs = machine_backends();
+  if (machine_runs(Target::avx512_bf16)) {
+    bs.insert(bs.begin(), Backend{Simd::highway, Target::avx512_bf16});
+    bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::avx512_bf16});
+  }
+  return bs;
+}
+
 // Floats from a 64-byte boundary (the kernels' aligned operands: Qp rows, accumulators), the
 // first x.size() of them x, the rest 0.
 struct AlignedFloats {

@@ -93,16 +93,18 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
 // and V are bf16 on the native unit). Streamed blocks read K/V in place. Contiguous K/V with V
 // read in place split the two streams between the phases (k_ahead): the scores prefetch V beside
-// K, P V the next block's K, and K goes as one stream, four keys at a time
-// (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32). Otherwise K goes in four interleaved
-// runs for pages (their keys lie in different pages) and for contiguous K of 2-byte or f32
-// elements with several rows, and as one stream for 1-byte K and one-row blocks (bound by their
-// instructions, they lost with runs).
+// K, P V the K read next, and K goes as one stream, four keys at a time
+// (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32); so do pages of a multiple of the
+// block, in which every block lies whole (#dm-paged-whole-blocks). Otherwise K goes in four
+// interleaved runs for smaller pages (a block's keys lie in several) and for contiguous K of
+// 2-byte or f32 elements with several rows, and as one stream for 1-byte K and one-row blocks
+// (bound by their instructions, they lost with runs).
 // V is read in place where its rows are whole vectors. On the native unit, blocks of several rows
 // per K/V head run bf16 K on the hi/lo dot and bf16 or int8 V (Dv whole groups of 32) on the
 // native P V runs; one row per K/V head keeps the f32 units (bound by memory, the native ones
 // were slower there).
-BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes) {
+BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes,
+                       std::int64_t block_keys) {
   const bool native = unit == FlashUnit::avx512_bf16;
   if (kind == BlockKind::tiled) {
     if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
@@ -123,8 +125,12 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
   }
-  b.k_ahead = p.pages == nullptr && b.kv == KvUnit::in_place;
-  const bool runs = p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1 && !b.k_ahead);
+  // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
+  // two) every block lies in one page and reads as contiguous K/V does.
+  const bool whole_pages =
+      p.pages == nullptr || (std::int64_t{1} << p.page_shift) % block_keys == 0;
+  b.k_ahead = whole_pages && b.kv == KvUnit::in_place;
+  const bool runs = !b.k_ahead && (p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1));
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
   return b;
 }
@@ -168,7 +174,7 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   FlashPath& path = pl.path;
   path.unit = choose_unit(choice.target, p.q.dtype, p.k.dtype, p.Lq * p.group);
   for (int k = 0; k < kBlockKinds; ++k)
-    path.block[k] = choose_block(p, path.unit, static_cast<BlockKind>(k), fk.lanes);
+    path.block[k] = choose_block(p, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
   path.kinds = kinds_met(p, pl);
   for (int k = 0; k < kBlockKinds; ++k)
     path.q_hilo |= ((path.kinds >> k) & 1) != 0 && path.block[k].q == QUnit::f32_hilo;

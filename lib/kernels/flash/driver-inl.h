@@ -337,6 +337,8 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::dot:
+      // A paged block's next block lies in another page, and so do its int8 scales.
+      PrefetchRunScales(p, tc.b, kb.kb0, g.Nk, std::min(tc.k1 - kb.kb0, 2 * g.Nk), hr.head);
       if (hilo) {
         if constexpr (kNative)
           ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
@@ -426,14 +428,20 @@ CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g
 }
 
 // PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block; with BlockPath::k_ahead the
-// streamed units prefetch the next block's K rows as they go (KeyAheadOf).
+// streamed units prefetch the K rows the scores read next as they go (KeyAheadOf).
 template <class O, bool kNative>
 void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
              const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, TaskBuffers& tb) {
   using detail::PvUnit;
   float* acc = tb.acc;
+  // The K rows the scores read next: the next K/V head's of this block (a paged task's heads go
+  // one after another through the block's page, which is read front to back), or the first
+  // head's of the next block.
   const detail::KeyAhead ahead =
-      q.path.k_ahead ? KeyAheadOf(p, tc.b, hr.head, kb.kb0, g.Nk, tc.k1) : detail::KeyAhead{};
+      !q.path.k_ahead ? detail::KeyAhead{}
+      : hr.j + 1 < tc.nhk
+          ? KeyAheadOf(p, tc.b, hr.head + 1, kb.kb0, kb.kb0 + kb.nk_live)
+          : KeyAheadOf(p, tc.b, tc.hk, kb.kb0 + g.Nk, std::min(tc.k1, kb.kb0 + 2 * g.Nk));
   switch (q.path.pv) {
     case PvUnit::tile_f32:
       if (q.path.kv == detail::KvUnit::v_packed)

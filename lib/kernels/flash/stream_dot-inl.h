@@ -238,7 +238,8 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 }
 
 // ScoreUnit::dot for the `rows` Qp rows (stride qs) of K/V head hk: keys [0, nk_live) of the
-// contiguous block at kb0 (task keys end at k1) into S rows of s_stride. V rows are prefetched
+// contiguous block at kb0 (task keys end at k1; a paged block lies in one page, whose end also
+// ends the K rows prefetched ahead) into S rows of s_stride. V rows are prefetched
 // beside K, f32 V as well: with P V prefetching the next block's K (BlockPath::k_ahead) each
 // phase keeps one block of bytes in flight (docs/performance.md#dm-k-ahead-f32). k_lo: Qp was
 // multiplied by 2^120 and an fp8 K reads as Fp8E4M3Lo (fp8_lo-inl.h).
@@ -256,18 +257,18 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
     const char* vpf =
         static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
-                           s_stride, vpf, p.v.s[2] * ev, p.Dv * ev, k1 - kb0);
+                           s_stride, vpf, p.v.s[2] * ev, p.Dv * ev,
+                           std::min(k1 - kb0, p.page_run(kb0)));
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
       SetNanKeyScores<O>(&K->bits, p.k.s[2], p.D, nk_live, rows, s, s_stride);
   });
 }
 
-// The K rows the scores of head hk read after the block at kb0 (Nk keys per block, the task's
-// keys end at k1): the next block's, for its P V to prefetch (BlockPath::k_ahead).
+// K rows [j0, j1) of head hk (in one page of a paged cache), for P V to prefetch as the rows
+// the scores read next (BlockPath::k_ahead).
 inline detail::KeyAhead KeyAheadOf(const detail::Problem& p, std::int64_t b, std::int64_t hk,
-                                   std::int64_t kb0, std::int64_t Nk, std::int64_t k1) {
+                                   std::int64_t j0, std::int64_t j1) {
   detail::KeyAhead ahead;
-  const std::int64_t j0 = kb0 + Nk, j1 = std::min(k1, kb0 + 2 * Nk);
   if (j0 >= j1) return ahead;
   const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
   ahead.first = static_cast<const char*>(p.k.data) + (p.key_off(p.k.s, b, j0) + hk * p.k.s[1]) * ek;
