@@ -91,8 +91,11 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 }
 
 // The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
-// and V are bf16 on the native unit). Streamed blocks read K/V in place. Contiguous K/V with V
-// read in place split the two streams between the phases (k_ahead): the scores prefetch V beside
+// and V are bf16 on the native unit), except f32 V of whole-vector rows in one page per block
+// (k_packed): the P V tile reads it where it is, the same micro-kernel over the same keys in the
+// same order (the same sums), and the block skips a copy of V
+// (docs/performance.md#dm-tiled-v-in-place). Streamed blocks read K/V in place. Contiguous K/V with
+// V read in place split the two streams between the phases (k_ahead): the scores prefetch V beside
 // K, P V the K read next, and K goes as one stream, four keys at a time
 // (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32); so do pages of a multiple of the
 // block, in which every block lies whole (#dm-paged-whole-blocks). Otherwise K goes in four
@@ -106,11 +109,17 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes,
                        std::int64_t block_keys) {
   const bool native = unit == FlashUnit::avx512_bf16;
+  // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
+  // two) every block lies in one page and reads as contiguous K/V does.
+  const bool whole_pages =
+      p.pages == nullptr || (std::int64_t{1} << p.page_shift) % block_keys == 0;
   if (kind == BlockKind::tiled) {
     if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
         native_dot(p.k.dtype) == NativeDot::bf16_pairs)
       return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
-    return {QUnit::f32, KvUnit::packed_f32, ScoreUnit::tile_f32, PvUnit::tile_f32};
+    const bool v_in_place = p.v.dtype == DType::f32 && p.Dv % lanes == 0 && whole_pages;
+    return {QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
+            PvUnit::tile_f32};
   }
   const bool few = kind == BlockKind::stream_few;
   BlockPath b;
@@ -125,10 +134,6 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
   }
-  // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
-  // two) every block lies in one page and reads as contiguous K/V does.
-  const bool whole_pages =
-      p.pages == nullptr || (std::int64_t{1} << p.page_shift) % block_keys == 0;
   b.k_ahead = whole_pages && b.kv == KvUnit::in_place;
   const bool runs = !b.k_ahead && (p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1));
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
@@ -201,8 +206,10 @@ std::string path_name(const FlashPath& path) {
     s += first ? "" : ";";
     s += std::string(kKind[k]) + "=" + kScore[static_cast<int>(b.score)] +
          (b.q == QUnit::f32_hilo ? "_hilo" : "") + "+" +
-         (b.kv == KvUnit::v_packed ? "vpacked_" : "") + kPv[static_cast<int>(b.pv)] +
-         (b.k_ahead ? "+k_ahead" : "");
+         (b.kv == KvUnit::v_packed   ? "vpacked_"
+          : b.kv == KvUnit::k_packed ? "vin_"
+                                     : "") +
+         kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

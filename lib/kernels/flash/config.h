@@ -39,6 +39,8 @@ inline constexpr int kBlockKinds = 3;
 //              packed_bf16  K panels and V chunks as bf16 pairs (x86/bf16_tile-inl.h)
 //              in_place     K and V read where they are (streamed blocks)
 //              v_packed     K in place, V packed per block and head (Dv not whole vectors)
+//              k_packed     K panels in f32; f32 V read in place by the P V tile (a block
+//                           in one page)
 //   ScoreUnit  tile_f32, tile_bf16   a tile of rows against a packed K panel
 //              dot       streamed K, one stream per block (stream_dot-inl.h)
 //              dot_runs  streamed K in four interleaved runs (stream_runs-inl.h)
@@ -47,7 +49,13 @@ inline constexpr int kBlockKinds = 3;
 //              runs_bf16   V in place on vdpbf16ps (x86/bf16_stream-inl.h)
 //              runs_vnni   int8 V in place on vpdpwssd (x86/vnni_i8-inl.h)
 enum class QUnit : std::uint8_t { f32, bf16, f32_hilo };
-enum class KvUnit : std::uint8_t { packed_f32, packed_bf16, in_place, v_packed };
+enum class KvUnit : std::uint8_t { packed_f32, packed_bf16, in_place, v_packed, k_packed };
+
+// The units that pack K per block (into the task's scratch, two blocks after asking for them).
+inline bool packs_k(KvUnit u) {
+  return u == KvUnit::packed_f32 || u == KvUnit::packed_bf16 || u == KvUnit::k_packed;
+}
+
 enum class ScoreUnit : std::uint8_t { tile_f32, tile_bf16, dot, dot_runs };
 enum class PvUnit : std::uint8_t { tile_f32, tile_bf16, runs, runs_bf16, runs_vnni };
 

@@ -257,9 +257,7 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
                     ? 0
                     : std::max<std::int64_t>(0, std::min(kb.nk, q.end_lo - kb0));
   kb.clean_lo = std::clamp<std::int64_t>(q.begin_hi - kb0, 0, kb.nk);
-  const bool packed =
-      q.path.kv == detail::KvUnit::packed_f32 || q.path.kv == detail::KvUnit::packed_bf16;
-  if (!packed || (tc.keep_packed && slot < tb.packed_blocks)) return kb;
+  if (!detail::packs_k(q.path.kv) || (tc.keep_packed && slot < tb.packed_blocks)) return kb;
   if (kb0 == q.kb_first)
     PrefetchKV(p, tc.b, tc.hk, kb0 + g.Nk, std::clamp<std::int64_t>(tc.k1 - kb0 - g.Nk, 0, g.Nk));
   if (kb0 + 2 * g.Nk < tc.k1)
@@ -270,6 +268,8 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
       Bf16Tile<O>::PackV(p, g.DvP, tc.b, tc.hk, kb0, kb.nk,
                          reinterpret_cast<std::uint32_t*>(kb.vp));
     }
+  } else if (q.path.kv == detail::KvUnit::k_packed) {
+    PackK<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kb.kp);
   } else {
     PackKV<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kb.kp, kb.vp);
   }
@@ -443,12 +443,17 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
           ? KeyAheadOf(p, tc.b, hr.head + 1, kb.kb0, kb.kb0 + kb.nk_live)
           : KeyAheadOf(p, tc.b, tc.hk, kb.kb0 + g.Nk, std::min(tc.k1, kb.kb0 + 2 * g.Nk));
   switch (q.path.pv) {
-    case PvUnit::tile_f32:
+    case PvUnit::tile_f32: {
       if (q.path.kv == detail::KvUnit::v_packed)
         PackV<O>(p, g, tc.b, hr.head, kb.kb0, kb.nk, kb.vp);
-      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, kb.vp, kb.nk, kb.nk_live, acc, g.DvP,
-                      [&] { tb.ahead.Drip(p, kDripLines); });
+      const bool in_place = q.path.kv == detail::KvUnit::k_packed;
+      const float* v = in_place ? static_cast<const float*>(p.v.data) +
+                                      p.key_off(p.v.s, tc.b, kb.kb0) + hr.head * p.v.s[1]
+                                : kb.vp;
+      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, v, in_place, p.v.s[2], kb.nk, kb.nk_live, acc,
+                      g.DvP, [&] { tb.ahead.Drip(p, kDripLines); });
       return;
+    }
     case PvUnit::tile_bf16:
       if constexpr (kNative)
         Bf16Tile<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
@@ -554,9 +559,7 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
                           const TaskCoords& tc, const QueryBlock& q, std::int64_t qb,
                           const Geometry<O>& g) {
   InputsAhead a;
-  const auto packed = [](const QueryBlock& b) {
-    return b.path.kv == detail::KvUnit::packed_f32 || b.path.kv == detail::KvUnit::packed_bf16;
-  };
+  const auto packed = [](const QueryBlock& b) { return detail::packs_k(b.path.kv); };
   if (!packed(q)) return a;
   const bool last = qb + 1 == tc.qb1;
   if (!last) {

@@ -1,6 +1,6 @@
-// The K/V unit of the f32 tiled path (KvUnit::packed_f32): a K/V block converted to f32 and
-// packed into the layouts the tile micro-kernels stream (driver-inl.h lists them), and the
-// prefetch of the rows a task packs next.
+// The K/V units of the f32 tiled path (KvUnit::packed_f32, and k_packed: K alone): a K/V block
+// converted to f32 and packed into the layouts the tile micro-kernels stream (driver-inl.h lists
+// them), and the prefetch of the rows a task packs next.
 #if defined(CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_
 #undef CPUATTN_KERNELS_FLASH_KV_PACK_INL_H_
@@ -118,12 +118,18 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
   }
 }
 
+template <class O>
+void PackK(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
+           std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp) {
+  detail::with_elem(p.k.dtype, [&](auto t) { PackKAs<O, decltype(t)>(p, g, b, hk, j0, nk, kp); });
+}
+
 // Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded, f32).
 template <class O>
 void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
             std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp,
             float* CPUATTN_RESTRICT vp) {
-  detail::with_elem(p.k.dtype, [&](auto t) { PackKAs<O, decltype(t)>(p, g, b, hk, j0, nk, kp); });
+  PackK<O>(p, g, b, hk, j0, nk, kp);
   PackV<O>(p, g, b, hk, j0, nk, vp);
 }
 

@@ -131,20 +131,22 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, s
   PvRows<O, TV>(R, C, p, p_stride, &one, 1, 0, cw, acc, acc_stride);
 }
 
-// PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . Vp (packed chunks of a block of nk keys, the
-// first nk_live of them seen), one column chunk at a time so that the chunk stays in L1.
-// between() runs after each tile, as in ScoreBlockTiles.
+// PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . V over a block of nk keys (the first nk_live of
+// them seen), one column chunk at a time so that the chunk stays in L1. V is the packed chunks at
+// vp, or with `in_place` f32 rows v_stride apart from vp (KvUnit::k_packed): the same tiles over
+// the same keys either way. between() runs after each tile, as in ScoreBlockTiles.
 template <class O, class Between>
 void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, const float* vp,
-                  std::int64_t nk, std::int64_t nk_live, float* acc, std::int64_t dvp,
-                  const Between& between) {
+                  bool in_place, std::int64_t v_stride, std::int64_t nk, std::int64_t nk_live,
+                  float* acc, std::int64_t dvp, const Between& between) {
   constexpr int CW = O::kPvCols * O::kLanes;
   for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
-    const float* vchunk = vp + c0 * nk;
+    const float* vchunk = in_place ? vp + c0 : vp + c0 * nk;
+    const std::int64_t vs = in_place ? v_stride : cw;
     for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
       const int R = std::min(O::kPvRows, r_hi - r0);
-      PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, cw,
+      PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, vs,
                 nk_live, acc + r0 * dvp + c0, dvp);
       between();
     }
