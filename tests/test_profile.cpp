@@ -145,6 +145,52 @@ TEST(Profile, VerboseLineNamesTheCallAndTheTargetThatRanIt) {
   EXPECT_TRUE(later.take().empty());
 }
 
+// The tiled blocks' K/V unit, as the call record names it: f32 V of whole-vector rows whose
+// blocks lie in one page is read in place by the P V tile (`vin_`); bf16 V and blocks across
+// pages of 16 tokens are packed (kernels/flash/config.cpp, choose_block).
+TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
+  const std::int64_t H = 2, Lq = 24, Lk = 40, D = 64;
+  const std::vector<float> q = random_floats(H * Lq * D, 4), k = random_floats(H * Lk * D, 5);
+  std::vector<std::uint16_t> kb(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) kb[i] = to_bf16(k[i]);
+  std::vector<float> out(H * Lq * D);
+  const auto tiled_path = [&](Context& ctx, auto&& call) {
+    ProfileSession session;
+    call();
+    const std::vector<CallProfile> calls = session.take();
+    EXPECT_EQ(calls.size(), 1u);
+    if (calls.empty()) return std::string();
+    const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
+    const auto at = path.find("tiled=");
+    EXPECT_NE(at, std::string::npos) << path;
+    return at == std::string::npos ? path : path.substr(at, path.find_first_of(";/", at) - at);
+  };
+  for (const auto& be : test::machine_backends()) {
+    SCOPED_TRACE(be.name());
+    Context ctx(1);
+    be.apply(ctx);
+    const TensorView qv = f32_view(q.data(), {1, H, Lq, D});
+    const OutputView ov = f32_view(out.data(), {1, H, Lq, D});
+    EXPECT_EQ(tiled_path(ctx,
+                         [&] {
+                           attention(qv, f32_view(k.data(), {1, H, Lk, D}),
+                                     f32_view(k.data(), {1, H, Lk, D}), ov, {}, &ctx);
+                         }),
+              "tiled=tile_f32+vin_tile_f32");
+    const TensorView kbv = TensorView::contiguous(kb.data(), DType::bf16, {1, H, Lk, D});
+    EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kbv, kbv, ov, {}, &ctx); }),
+              "tiled=tile_f32+tile_f32");
+    for (const std::int64_t P : {16, 128}) {
+      SCOPED_TRACE("pages of " + std::to_string(P));
+      PagedKvCache pages(4, P, H, D, D, DType::f32);
+      const std::vector<std::int64_t> seqs = {pages.add_sequence()};
+      pages.append(seqs[0], f32_view(k.data(), {H, Lk, D}), f32_view(k.data(), {H, Lk, D}));
+      EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, pages.batch(seqs), ov, {}, &ctx); }),
+                P == 16 ? "tiled=tile_f32+tile_f32" : "tiled=tile_f32+vin_tile_f32");
+    }
+  }
+}
+
 // The phases partition the tasks' time, and with one thread the tasks are nearly all of the
 // call: stated slack, the phases cover >= 80% of the wall time (the rest is validation, the plan,
 // scratch and the scheduler) and never more than the wall time (+1% for the clock conversion).
