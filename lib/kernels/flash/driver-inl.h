@@ -450,8 +450,10 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
       const float* v = in_place ? static_cast<const float*>(p.v.data) +
                                       p.key_off(p.v.s, tc.b, kb.kb0) + hr.head * p.v.s[1]
                                 : kb.vp;
-      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, v, in_place, p.v.s[2], kb.nk, kb.nk_live, acc,
-                      g.DvP, [&] { tb.ahead.Drip(p, kDripLines); });
+      // A block that some row does not see whole has its row masks set (RunKeyBlocks).
+      PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, v, in_place, p.v.s[2], kb.nk, kb.nk_live,
+                      kb.clean() ? nullptr : tb.rm, acc, g.DvP,
+                      [&] { tb.ahead.Drip(p, kDripLines); });
       return;
     }
     case PvUnit::tile_bf16:

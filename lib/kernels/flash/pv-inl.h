@@ -15,6 +15,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "kernels/common/mask-inl.h"
 #include "kernels/common/outer-inl.h"
 #include "kernels/flash/fp8_lo-inl.h"
 #include "kernels/flash/key_ahead.h"
@@ -134,11 +135,14 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, s
 // PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . V over a block of nk keys (the first nk_live of
 // them seen), one column chunk at a time so that the chunk stays in L1. V is the packed chunks at
 // vp, or with `in_place` f32 rows v_stride apart from vp (KvUnit::k_packed): the same tiles over
-// the same keys either way. between() runs after each tile, as in ScoreBlockTiles.
+// the same keys either way. With the rows' masks `rm` (a block some row does not see whole), a
+// tile stops at the last key its rows see: the keys after it have weight 0 in every row (a
+// causal block on the diagonal skips about half its products). between() runs after each tile,
+// as in ScoreBlockTiles.
 template <class O, class Between>
 void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, const float* vp,
                   bool in_place, std::int64_t v_stride, std::int64_t nk, std::int64_t nk_live,
-                  float* acc, std::int64_t dvp, const Between& between) {
+                  const RowMask* rm, float* acc, std::int64_t dvp, const Between& between) {
   constexpr int CW = O::kPvCols * O::kLanes;
   for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
@@ -146,8 +150,14 @@ void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, con
     const std::int64_t vs = in_place ? v_stride : cw;
     for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
       const int R = std::min(O::kPvRows, r_hi - r0);
-      PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, vs,
-                nk_live, acc + r0 * dvp + c0, dvp);
+      std::int64_t keys = nk_live;
+      if (rm != nullptr) {
+        std::int32_t end = 0;
+        for (int r = r0; r < r0 + R; ++r) end = std::max(end, rm[r].end);
+        keys = std::min<std::int64_t>(keys, end);
+      }
+      PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, vs, keys,
+                acc + r0 * dvp + c0, dvp);
       between();
     }
   }
