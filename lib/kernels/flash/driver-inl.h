@@ -561,8 +561,7 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
                           const TaskCoords& tc, const QueryBlock& q, std::int64_t qb,
                           const Geometry<O>& g) {
   InputsAhead a;
-  const auto packed = [](const QueryBlock& b) { return detail::packs_k(b.path.kv); };
-  if (!packed(q)) return a;
+  if (!detail::packs_k(q.path.kv)) return a;
   const bool last = qb + 1 == tc.qb1;
   if (!last) {
     const QueryBlock qq = QueryBlockOf<O>(p, pl, tc, g, qb + 1);
@@ -571,7 +570,7 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
   if (t + 1 < pl.tasks) {
     const TaskCoords tn = DecodeTask(p, pl, t + 1);
     const QueryBlock qn = QueryBlockOf<O>(p, pl, tn, g, tn.qb0);
-    if (packed(qn)) {
+    if (detail::packs_k(qn.path.kv)) {
       if (last) a = {tn.b, tn.h0, tn.nh, qn.pos0, qn.rows};
       const auto row =
           static_cast<std::int64_t>(p.D * dtype_size(p.k.dtype) + p.Dv * dtype_size(p.v.dtype));
