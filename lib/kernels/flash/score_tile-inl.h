@@ -20,16 +20,18 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// acc = Qp rows . Kp panel: R rows x W = C vectors of keys (C = O::kScoreCols).
+// acc = Qp rows . Kp panel: R rows x W = C vectors of keys (C = O::kScoreCols), each row's sum
+// started at init[r] (0 without init).
 template <class O, int R>
 CPUATTN_ALWAYS_INLINE void TileDots(const float* CPUATTN_RESTRICT q, std::int64_t qs,
                                     std::int64_t D, const float* CPUATTN_RESTRICT kp,
-                                    typename O::V (&acc)[R][O::kScoreCols]) {
+                                    typename O::V (&acc)[R][O::kScoreCols],
+                                    const typename O::V* init = nullptr) {
   constexpr int C = O::kScoreCols;
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
-    for (int c = 0; c < C; ++c) acc[r][c] = O::Zero();
+    for (int c = 0; c < C; ++c) acc[r][c] = init != nullptr ? init[r] : O::Zero();
   }
   AccumulateOuter<O, R, C>(q, 1, qs, kp, C * O::kLanes, D, acc);
 }
@@ -116,23 +118,25 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
                                     std::int64_t lsum_stride) {
   using V = typename O::V;
   constexpr int C = O::kScoreCols, N = O::kLanes;
-  V acc[R][C];
-  TileDots<O, R>(q, qs, D, kp, acc);
+  // The dot products start at -m[r], so the accumulators end as s - m, which both passes below
+  // read without a subtraction each.
+  V acc[R][C], neg_m[R];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) neg_m[r] = O::Set(-m[r]);
+  TileDots<O, R>(q, qs, D, kp, acc, neg_m);
   V over = O::Set(-std::numeric_limits<float>::infinity());
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    const V vm = O::Set(m[r]);
     CPUATTN_UNROLL(4)
-    for (int c = 0; c < C; ++c) over = O::Max(over, O::Sub(acc[r][c], vm));
+    for (int c = 0; c < C; ++c) over = O::Max(over, acc[r][c]);
   }
   if (O::ReduceMax(over) > kLazyMaxSlack) return false;
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    const V vm = O::Set(m[r]);
     V sum = O::Load(lsum + r * lsum_stride);
     CPUATTN_UNROLL(4)
     for (int c = 0; c < C; ++c) {
-      const V e = Exp2<O>(O::Sub(acc[r][c], vm));
+      const V e = Exp2<O>(acc[r][c]);
       O::Store(e, s + r * s_stride + c * N);
       sum = O::Add(sum, e);
     }

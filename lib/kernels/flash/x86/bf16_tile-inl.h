@@ -221,26 +221,27 @@ struct Bf16Tile {
     static_assert(C % 2 == 0, "probabilities are rounded two vectors at a time");
     __m512 acc[R][C];
     Dots<R>(q, qs2, dp2, kb, acc);
+    // s - m in one rounding: qscale * dot - m.
     const __m512 vs = _mm512_set1_ps(qscale);
+    const __m512 lim = _mm512_set1_ps(kLazyMaxSlack);
     __mmask16 over = 0;
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
-      const __m512 lim = _mm512_set1_ps(m[r] + kLazyMaxSlack);
+      const __m512 vm = _mm512_set1_ps(m[r]);
       CPUATTN_UNROLL(4)
       for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_mul_ps(acc[r][c], vs);
+        acc[r][c] = _mm512_fmsub_ps(acc[r][c], vs, vm);
         over |= _mm512_cmp_ps_mask(acc[r][c], lim, _CMP_NLE_UQ);
       }
     }
     if (over != 0) return false;
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
-      const typename O::V vm = O::Set(m[r]);
       typename O::V sum = O::Load(lsum + r * lsum_stride);
       CPUATTN_UNROLL(4)
       for (int c = 0; c < C; c += 2) {
-        const typename O::V e0 = Exp2Bf16<O>(O::Sub(O::FromRaw(acc[r][c]), vm));
-        const typename O::V e1 = Exp2Bf16<O>(O::Sub(O::FromRaw(acc[r][c + 1]), vm));
+        const typename O::V e0 = Exp2Bf16<O>(O::FromRaw(acc[r][c]));
+        const typename O::V e1 = Exp2Bf16<O>(O::FromRaw(acc[r][c + 1]));
         PutRounded{pb + r * pb_stride}(c * N, e0, e1);
         sum = O::Add(sum, O::Add(e0, e1));
       }
