@@ -11,6 +11,7 @@
 #include "kernels/flash/kv_pack-inl.h"
 #include "kernels/flash/merge-inl.h"
 #include "kernels/flash/pv-inl.h"
+#include "kernels/flash/pv_skip_zero-inl.h"
 #include "kernels/flash/q_pack-inl.h"
 #include "kernels/flash/score_tile-inl.h"
 #include "kernels/flash/softmax-inl.h"
@@ -169,6 +170,8 @@ void MicroWriteRow(const detail::Problem& p, detail::OutUnit unit, float m, floa
   if (unit == detail::OutUnit::f32_stream) Ops::StreamFence();
 }
 
+bool MicroAccFinite(const float* acc, std::int64_t n) { return AccFinite<Ops>(acc, n); }
+
 void MicroMergeRows(const detail::Problem& p, const detail::Plan& pl, std::int64_t row0,
                     std::int64_t row1, float* buf) {
   MergeRows<Ops>(p, pl, row0, row1, buf);
@@ -200,6 +203,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .stream_runs = &MicroStreamRuns,
                                           .pv_runs = &MicroPvRuns,
                                           .write_row = &MicroWriteRow,
+                                          .acc_finite = &MicroAccFinite,
                                           .merge_rows = &MicroMergeRows};
   return &table;
 }

@@ -76,6 +76,9 @@ struct MicroKernels {
   // The output epilogue (epilogue-inl.h, WriteRow) of row (b, h, i) from state (m, l, sink).
   void (*write_row)(const Problem& p, OutUnit unit, float m, float l, float sink, const float* arow,
                     std::int64_t b, std::int64_t h, std::int64_t i);
+  // Whether acc[0, n) is all finite (pv_skip_zero-inl.h, AccFinite; n whole vectors, acc
+  // aligned).
+  bool (*acc_finite)(const float* acc, std::int64_t n);
   // The split-key merge (merge-inl.h, MergeRows) of rows [row0, row1); buf holds Dv floats.
   void (*merge_rows)(const Problem& p, const Plan& pl, std::int64_t row0, std::int64_t row1,
                      float* buf);

@@ -171,6 +171,28 @@ TEST_P(Micro, TransposeIsExact) {
     for (int j = 0; j < n; ++j) ASSERT_EQ(t[i * n + j], m[j * n + i]) << i << "," << j;
 }
 
+// The check that sends a query block through the exact P V rerun: every position of a 1..13
+// vector buffer (every chain of the loop and the tail) holding +inf, -inf or NaN among random
+// finite values is found, and large finite values (their product with 0 is 0) are not.
+TEST_P(Micro, AccFiniteFindsEveryNonFinite) {
+  const auto& k = mk();
+  for (int nv = 1; nv <= 13; ++nv) {
+    const std::int64_t n = static_cast<std::int64_t>(nv) * k.lanes;
+    Buf acc(static_cast<std::size_t>(n));
+    fill(acc.data(), static_cast<std::size_t>(n), 40 + nv, -1e30f, 1e30f);
+    acc.data()[n / 2] = std::numeric_limits<float>::max();
+    ASSERT_TRUE(k.acc_finite(acc.data(), n)) << nv << " vectors";
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (float bad : {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()}) {
+        const float keep = acc.data()[i];
+        acc.data()[i] = bad;
+        EXPECT_FALSE(k.acc_finite(acc.data(), n)) << nv << " vectors, " << bad << " at " << i;
+        acc.data()[i] = keep;
+      }
+    }
+  }
+}
+
 enum class MaskCase { none, ends, boolean, boolean_broadcast, additive };
 
 // S[r][w] = q[r] . Kp[:, w] for every row count, ragged D, misaligned operands and every mask.

@@ -24,12 +24,22 @@
 CPUATTN_NAMESPACE_BEGIN
 
 // Whether all of acc[0, n) is finite (n a whole number of vectors, acc aligned): x * 0 is 0 for
-// finite x and NaN for inf or NaN, so one multiply-add per vector gathers the answer.
+// finite x and NaN for inf or NaN, so one multiply-add per vector gathers the answer. Four chains
+// of multiply-adds, so that the loop does not wait an FMA's latency per vector.
 template <class O>
 bool AccFinite(const float* CPUATTN_RESTRICT acc, std::int64_t n) {
-  typename O::V sum = O::Zero();
-  for (std::int64_t i = 0; i < n; i += O::kLanes) sum = O::MulAdd(O::Load(acc + i), O::Zero(), sum);
-  return !std::isnan(O::ReduceSum(sum));
+  constexpr int N = O::kLanes;
+  const typename O::V zero = O::Zero();
+  typename O::V s0 = zero, s1 = zero, s2 = zero, s3 = zero;
+  std::int64_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    s0 = O::MulAdd(O::Load(acc + i), zero, s0);
+    s1 = O::MulAdd(O::Load(acc + i + N), zero, s1);
+    s2 = O::MulAdd(O::Load(acc + i + 2 * N), zero, s2);
+    s3 = O::MulAdd(O::Load(acc + i + 3 * N), zero, s3);
+  }
+  for (; i < n; i += N) s0 = O::MulAdd(O::Load(acc + i), zero, s0);
+  return !std::isnan(O::ReduceSum(O::Add(O::Add(s0, s1), O::Add(s2, s3))));
 }
 
 // acc[r][0, Dv) += sum over keys j in [kb0, kb0 + nk) with s[r][j] != 0 of s[r][j] v_j, for
