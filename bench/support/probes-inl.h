@@ -74,7 +74,7 @@ double TileProbe(std::int64_t reps) {
   const MaskInfo mi{detail::MaskKind::none, 0};
   for (std::int64_t rep = 0; rep < reps; ++rep) {
     for (int t = 0; t < kTiles; ++t)
-      ScoreTile<Ops, R, false>(qp + t * R * D, D, D, kp, s, W, 0, nullptr, mi);
+      ScoreTile<Ops, R, Ops::kScoreCols, false>(qp + t * R * D, D, D, kp, W, s, W, 0, nullptr, mi);
   }
   volatile float sink = s[0];
   (void)sink;

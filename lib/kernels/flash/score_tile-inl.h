@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/inline.h"
 #include "kernels/common/mask-inl.h"
 #include "kernels/common/outer-inl.h"
 #include "kernels/flash/softmax-inl.h"
@@ -20,61 +21,110 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// acc = Qp rows . Kp panel: R rows x W = C vectors of keys (C = O::kScoreCols), each row's sum
-// started at init[r] (0 without init).
-template <class O, int R>
+// acc = Qp rows . the first C vectors of each d of a Kp panel (kp_w floats per d; C =
+// O::kScoreCols for a whole panel), each row's sum started at init[r] (0 without init).
+template <class O, int R, int C = O::kScoreCols>
 CPUATTN_ALWAYS_INLINE void TileDots(const float* CPUATTN_RESTRICT q, std::int64_t qs,
                                     std::int64_t D, const float* CPUATTN_RESTRICT kp,
-                                    typename O::V (&acc)[R][O::kScoreCols],
-                                    const typename O::V* init = nullptr) {
-  constexpr int C = O::kScoreCols;
+                                    typename O::V (&acc)[R][C], const typename O::V* init = nullptr,
+                                    std::int64_t kp_w = O::kScoreCols * O::kLanes) {
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int c = 0; c < C; ++c) acc[r][c] = init != nullptr ? init[r] : O::Zero();
   }
-  AccumulateOuter<O, R, C>(q, 1, qs, kp, C * O::kLanes, D, acc);
+  AccumulateOuter<O, R, C>(q, 1, qs, kp, kp_w, D, acc);
 }
 
-// Scores of R rows x W = C vectors of keys (C = O::kScoreCols): S[r][0:W] = Qp[r] . Kp panel.
-// R * C accumulators stay in registers for the whole D loop; each d costs C loads, R broadcasts
-// and R * C FMAs.
-template <class O, int R, bool kMasked>
+// Scores of R rows x C vectors of keys: S[r][0:C vectors] = Qp[r] . Kp panel's first C vectors
+// (kp_w floats per d). R * C accumulators stay in registers for the whole D loop; each d costs
+// C loads, R broadcasts and R * C FMAs.
+template <class O, int R, int C, bool kMasked>
 CPUATTN_ALWAYS_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
                                      std::int64_t D, const float* CPUATTN_RESTRICT kp,
-                                     float* CPUATTN_RESTRICT s, std::int64_t s_stride,
-                                     std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
-  constexpr int C = O::kScoreCols;
+                                     std::int64_t kp_w, float* CPUATTN_RESTRICT s,
+                                     std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
+                                     const MaskInfo& mi) {
   typename O::V acc[R][C];
-  TileDots<O, R>(q, qs, D, kp, acc);
+  TileDots<O, R, C>(q, qs, D, kp, acc, nullptr, kp_w);
   ScoreEpilogue<O, R, C, kMasked>(acc, s, s_stride, col0, rows, mi);
 }
 
+// The vectors [lo, hi) of a masked tile's panel that one of its R rows may see: each row sees
+// keys [begin, end) of the block, and a score outside them is -inf whatever Q . K holds. On the
+// causal diagonal a 6-row tile sees a panel only up to its last row's key, and with a window only
+// from its first row's first key.
+struct LiveVectors {
+  int lo, hi;
+};
+
+template <class O>
+CPUATTN_ALWAYS_INLINE LiveVectors LiveVectorsOf(int R, const RowMask* rows, std::int32_t col0) {
+  constexpr int N = O::kLanes, C = O::kScoreCols;
+  std::int32_t begin = rows[0].begin, end = rows[0].end;
+  for (int r = 1; r < R; ++r) {
+    begin = std::min(begin, rows[r].begin);
+    end = std::max(end, rows[r].end);
+  }
+  const int lo = begin <= col0 ? 0 : std::min<std::int32_t>((begin - col0) / N, C);
+  const int hi = end <= col0 ? 0 : std::min<std::int32_t>((end - col0 + N - 1) / N, C);
+  return {lo, std::max(lo, hi)};
+}
+
+// A masked tile of R rows x one panel (C = O::kScoreCols vectors of keys): only its live vectors
+// (LiveVectorsOf) are computed, and the others hold -inf, as its epilogue would have made them:
+// the scores are the same, bit for bit.
+template <class O>
+void ScoreRowsLive(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
+                   float* s, std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
+                   const MaskInfo& mi) {
+  constexpr int N = O::kLanes, C = O::kScoreCols;
+  const LiveVectors live = LiveVectorsOf<O>(R, rows, col0);
+  const auto neg_inf = O::Set(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < live.lo; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
+    for (int c = live.hi; c < C; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
+  }
+  detail::WithCount<O::kScoreRows>(R, [&](auto r_tag) {
+    detail::WithCount<C>(live.hi - live.lo, [&](auto c_tag) {
+      ScoreTile<O, r_tag(), c_tag(), true>(q, qs, D, kp + live.lo * N, C * N, s + live.lo * N,
+                                           s_stride, col0 + live.lo * N, rows, mi);
+    });
+  });
+}
+
+// A tile of R rows x one panel; masked tiles as ScoreRowsLive. Clean tiles keep the switch
+// (docs/performance.md#dm-score-live-vectors: through WithCount they ran slower on AVX2).
 template <class O, bool kMasked>
 void ScoreRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp, float* s,
                std::int64_t s_stride, std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
   static_assert(O::kScoreRows <= 12, "extend the switch below");
-  switch (R) {
-#define CPUATTN_SCORE_CASE(n)                                              \
-  case n:                                                                  \
-    if constexpr (n <= O::kScoreRows)                                      \
-      ScoreTile<O, n, kMasked>(q, qs, D, kp, s, s_stride, col0, rows, mi); \
+  constexpr int W = O::kScoreCols * O::kLanes;
+  if constexpr (kMasked) {
+    ScoreRowsLive<O>(R, q, qs, D, kp, s, s_stride, col0, rows, mi);
+  } else {
+    switch (R) {
+#define CPUATTN_SCORE_CASE(n)                                                              \
+  case n:                                                                                  \
+    if constexpr (n <= O::kScoreRows)                                                      \
+      ScoreTile<O, n, O::kScoreCols, false>(q, qs, D, kp, W, s, s_stride, col0, rows, mi); \
     break;
-    CPUATTN_SCORE_CASE(1)
-    CPUATTN_SCORE_CASE(2)
-    CPUATTN_SCORE_CASE(3)
-    CPUATTN_SCORE_CASE(4)
-    CPUATTN_SCORE_CASE(5)
-    CPUATTN_SCORE_CASE(6)
-    CPUATTN_SCORE_CASE(7)
-    CPUATTN_SCORE_CASE(8)
-    CPUATTN_SCORE_CASE(9)
-    CPUATTN_SCORE_CASE(10)
-    CPUATTN_SCORE_CASE(11)
-    CPUATTN_SCORE_CASE(12)
+      CPUATTN_SCORE_CASE(1)
+      CPUATTN_SCORE_CASE(2)
+      CPUATTN_SCORE_CASE(3)
+      CPUATTN_SCORE_CASE(4)
+      CPUATTN_SCORE_CASE(5)
+      CPUATTN_SCORE_CASE(6)
+      CPUATTN_SCORE_CASE(7)
+      CPUATTN_SCORE_CASE(8)
+      CPUATTN_SCORE_CASE(9)
+      CPUATTN_SCORE_CASE(10)
+      CPUATTN_SCORE_CASE(11)
+      CPUATTN_SCORE_CASE(12)
 #undef CPUATTN_SCORE_CASE
-    default:
-      break;
+      default:
+        break;
+    }
   }
 }
 

@@ -44,19 +44,6 @@ inline constexpr std::int64_t kGemvPrefetchBytes = 8192;
 // more on every x86 and ARM core cpuattn targets) for the groups after the first.
 inline constexpr std::int64_t kGemvChunkBytes = 16384;
 
-// f(std::integral_constant<int, n>{}) for a row count n known only at run time, 1 <= n <= kMax:
-// the kernels take their rows as a template argument.
-template <int kMax, int k = 1, class F>
-CPUATTN_ALWAYS_INLINE void WithRowCount(std::int64_t n, const F& f) {
-  if constexpr (k <= kMax) {
-    if (n == k) {
-      f(std::integral_constant<int, k>{});
-    } else {
-      WithRowCount<kMax, k + 1>(n, f);
-    }
-  }
-}
-
 // Adjacent panels walked together for R rows of vectors of `lanes` floats: the fewest that give
 // 8 accumulator chains, at most 4 (4 streams of B, and the registers of AVX2).
 constexpr int GemvPanels(int R, int lanes) {
@@ -192,7 +179,7 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
       const std::int64_t k1 = std::min(K, k0 + kc);
       for (int g = 0, r0 = 0; g < groups; ++g) {
         const int R = M / groups + (g < M % groups ? 1 : 0);
-        WithRowCount<T>(R, [&](auto r_tag) {
+        detail::WithCount<T>(R, [&](auto r_tag) {
           GemvChunk<O, decltype(r_tag)::value, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P,
                                                    g == 0);
         });
@@ -248,7 +235,7 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
       GemvGroups<O>(a, static_cast<int>(g.M), B, b0, p0, p1, g.p_begin, c, tile);
       return;
     }
-    WithRowCount<O::kGemvRows>(g.M, [&](auto r_tag) {
+    detail::WithCount<O::kGemvRows>(g.M, [&](auto r_tag) {
       GemvRowsOf<O, decltype(r_tag)::value>(a, B, b0, p0, p1, g.p_begin, c, tile);
     });
   };
