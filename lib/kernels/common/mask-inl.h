@@ -148,6 +148,40 @@ CPUATTN_ALWAYS_INLINE typename O::V ApplyRowMask(typename O::V s, std::int32_t c
   return KeepInRange<O>(s, col0, rm.begin, rm.end);
 }
 
+// The vectors [lo, hi) of a masked tile of C vectors of keys from col0 that one of its R rows may
+// see: each row sees keys [begin, end) of the block, and a score outside them is -inf whatever
+// Q . K holds. On the causal diagonal a 6-row tile sees its panel only up to its last row's key,
+// and with a window only from its first row's first key.
+struct LiveVectors {
+  int lo, hi;
+};
+
+template <class O, int C>
+CPUATTN_ALWAYS_INLINE LiveVectors LiveVectorsOf(int R, const RowMask* rows, std::int32_t col0) {
+  constexpr int N = O::kLanes;
+  std::int32_t begin = rows[0].begin, end = rows[0].end;
+  for (int r = 1; r < R; ++r) {
+    begin = std::min(begin, rows[r].begin);
+    end = std::max(end, rows[r].end);
+  }
+  const int lo = begin <= col0 ? 0 : std::min<std::int32_t>((begin - col0) / N, C);
+  const int hi = end <= col0 ? 0 : std::min<std::int32_t>((end - col0 + N - 1) / N, C);
+  return {lo, std::max(lo, hi)};
+}
+
+// -inf into the vectors of an R x C tile of scores outside `live` (what the masked epilogue
+// stores there), for a tile that computes only its live vectors.
+template <class O, int C>
+CPUATTN_ALWAYS_INLINE void StoreDeadVectors(int R, LiveVectors live, float* CPUATTN_RESTRICT s,
+                                            std::int64_t s_stride) {
+  constexpr int N = O::kLanes;
+  const auto neg_inf = O::Set(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < live.lo; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
+    for (int c = live.hi; c < C; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
+  }
+}
+
 // The score epilogue, once for every score unit: soft-cap and ALiBi (TransformTile), then the
 // row masks where kMasked, and the store of R x C vectors x[r][c] (keys col0 + c * kLanes + lane
 // of row r) to s + r * s_stride + c * kLanes (aligned). rm and m are the caller's local copies

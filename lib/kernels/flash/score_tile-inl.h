@@ -50,27 +50,6 @@ CPUATTN_ALWAYS_INLINE void ScoreTile(const float* CPUATTN_RESTRICT q, std::int64
   ScoreEpilogue<O, R, C, kMasked>(acc, s, s_stride, col0, rows, mi);
 }
 
-// The vectors [lo, hi) of a masked tile's panel that one of its R rows may see: each row sees
-// keys [begin, end) of the block, and a score outside them is -inf whatever Q . K holds. On the
-// causal diagonal a 6-row tile sees a panel only up to its last row's key, and with a window only
-// from its first row's first key.
-struct LiveVectors {
-  int lo, hi;
-};
-
-template <class O>
-CPUATTN_ALWAYS_INLINE LiveVectors LiveVectorsOf(int R, const RowMask* rows, std::int32_t col0) {
-  constexpr int N = O::kLanes, C = O::kScoreCols;
-  std::int32_t begin = rows[0].begin, end = rows[0].end;
-  for (int r = 1; r < R; ++r) {
-    begin = std::min(begin, rows[r].begin);
-    end = std::max(end, rows[r].end);
-  }
-  const int lo = begin <= col0 ? 0 : std::min<std::int32_t>((begin - col0) / N, C);
-  const int hi = end <= col0 ? 0 : std::min<std::int32_t>((end - col0 + N - 1) / N, C);
-  return {lo, std::max(lo, hi)};
-}
-
 // A masked tile of R rows x one panel (C = O::kScoreCols vectors of keys): only its live vectors
 // (LiveVectorsOf) are computed, and the others hold -inf, as its epilogue would have made them:
 // the scores are the same, bit for bit.
@@ -79,12 +58,8 @@ void ScoreRowsLive(int R, const float* q, std::int64_t qs, std::int64_t D, const
                    float* s, std::int64_t s_stride, std::int32_t col0, const RowMask* rows,
                    const MaskInfo& mi) {
   constexpr int N = O::kLanes, C = O::kScoreCols;
-  const LiveVectors live = LiveVectorsOf<O>(R, rows, col0);
-  const auto neg_inf = O::Set(-std::numeric_limits<float>::infinity());
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < live.lo; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
-    for (int c = live.hi; c < C; ++c) O::Store(neg_inf, s + r * s_stride + c * N);
-  }
+  const LiveVectors live = LiveVectorsOf<O, C>(R, rows, col0);
+  StoreDeadVectors<O, C>(R, live, s, s_stride);
   detail::WithCount<O::kScoreRows>(R, [&](auto r_tag) {
     detail::WithCount<C>(live.hi - live.lo, [&](auto c_tag) {
       ScoreTile<O, r_tag(), c_tag(), true>(q, qs, D, kp + live.lo * N, C * N, s + live.lo * N,

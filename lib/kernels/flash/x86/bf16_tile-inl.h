@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/inline.h"
 #include "core/problem.h"
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/geometry-inl.h"
@@ -128,12 +129,11 @@ struct Bf16Tile {
     }
   }
 
-  // acc = Qb rows . Kb panel, R rows x W keys.
-  template <int R>
+  // acc = Qb rows . the first C vectors of keys of a Kb panel (W keys per pair of dims), R rows.
+  template <int R, int C = W / N>
   static CPUATTN_ALWAYS_INLINE void Dots(const std::uint32_t* CPUATTN_RESTRICT q, std::int64_t qs2,
                                          std::int64_t dp2, const std::uint32_t* CPUATTN_RESTRICT kb,
-                                         __m512 (&acc)[R][W / N]) {
-    constexpr int C = W / N;
+                                         __m512 (&acc)[R][C]) {
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       CPUATTN_UNROLL(4)
@@ -152,17 +152,17 @@ struct Bf16Tile {
     }
   }
 
-  // Scores of R rows x W keys: S = qscale * (Qb . Kb panel), masked in the epilogue.
-  template <int R, bool kMasked>
+  // Scores of R rows x C vectors of keys: S = qscale * (Qb . Kb panel's first C vectors), masked
+  // in the epilogue.
+  template <int R, int C, bool kMasked>
   static CPUATTN_ALWAYS_INLINE void ScoreTile(const std::uint32_t* CPUATTN_RESTRICT q,
                                               std::int64_t qs2, std::int64_t dp2,
                                               const std::uint32_t* CPUATTN_RESTRICT kb,
                                               float qscale, float* CPUATTN_RESTRICT s,
                                               std::int64_t s_stride, std::int32_t col0,
                                               const RowMask* rows, const MaskInfo& mi) {
-    constexpr int C = W / N;
     __m512 acc[R][C];
-    Dots<R>(q, qs2, dp2, kb, acc);
+    Dots<R, C>(q, qs2, dp2, kb, acc);
     const __m512 vs = _mm512_set1_ps(qscale);
     typename O::V x[R][C];
     CPUATTN_UNROLL(16)
@@ -173,15 +173,34 @@ struct Bf16Tile {
     ScoreEpilogue<O, R, C, kMasked>(x, s, s_stride, col0, rows, mi);
   }
 
+  // A masked tile computes only the vectors its rows see, as ScoreRowsLive (score_tile-inl.h).
+  static void ScoreRowsLive(int R, const std::uint32_t* q, std::int64_t qs2, std::int64_t dp2,
+                            const std::uint32_t* kb, float qscale, float* s, std::int64_t s_stride,
+                            std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
+    constexpr int C = W / N;
+    const LiveVectors live = LiveVectorsOf<O, C>(R, rows, col0);
+    StoreDeadVectors<O, C>(R, live, s, s_stride);
+    detail::WithCount<O::kScoreRows>(R, [&](auto r_tag) {
+      detail::WithCount<C>(live.hi - live.lo, [&](auto c_tag) {
+        ScoreTile<r_tag(), c_tag(), true>(q, qs2, dp2, kb + live.lo * N, qscale, s + live.lo * N,
+                                          s_stride, col0 + live.lo * N, rows, mi);
+      });
+    });
+  }
+
   template <bool kMasked>
   static void ScoreRows(int R, const std::uint32_t* q, std::int64_t qs2, std::int64_t dp2,
                         const std::uint32_t* kb, float qscale, float* s, std::int64_t s_stride,
                         std::int32_t col0, const RowMask* rows, const MaskInfo& mi) {
+    if constexpr (kMasked) {
+      ScoreRowsLive(R, q, qs2, dp2, kb, qscale, s, s_stride, col0, rows, mi);
+      return;
+    }
     switch (R) {
-#define CPUATTN_BF16_SCORE_CASE(n)                                                 \
-  case n:                                                                          \
-    if constexpr (n <= O::kScoreRows)                                              \
-      ScoreTile<n, kMasked>(q, qs2, dp2, kb, qscale, s, s_stride, col0, rows, mi); \
+#define CPUATTN_BF16_SCORE_CASE(n)                                                        \
+  case n:                                                                                 \
+    if constexpr (n <= O::kScoreRows)                                                     \
+      ScoreTile<n, W / N, kMasked>(q, qs2, dp2, kb, qscale, s, s_stride, col0, rows, mi); \
     break;
       CPUATTN_BF16_SCORE_CASE(1)
       CPUATTN_BF16_SCORE_CASE(2)
