@@ -145,9 +145,10 @@ TEST(Profile, VerboseLineNamesTheCallAndTheTargetThatRanIt) {
   EXPECT_TRUE(later.take().empty());
 }
 
-// The tiled blocks' K/V unit, as the call record names it: f32 V of whole-vector rows whose
-// blocks lie in one page is read in place by the P V tile (`vin_`); bf16 V and blocks across
-// pages of 16 tokens are packed (kernels/flash/config.cpp, choose_block).
+// The tiled blocks' K/V unit, as the call record names it: f32 V of whole-vector rows, one row
+// after another, whose blocks lie in one page is read in place by the P V tile (`vin_`); bf16 V,
+// rows of a [B, L, H, D] tensor (H * D apart) and blocks across pages of 16 tokens are packed
+// (kernels/flash/config.cpp, choose_block).
 TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
   const std::int64_t H = 2, Lq = 24, Lk = 40, D = 64;
   const std::vector<float> q = random_floats(H * Lq * D, 4), k = random_floats(H * Lk * D, 5);
@@ -177,6 +178,9 @@ TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
                                      f32_view(k.data(), {1, H, Lk, D}), ov, {}, &ctx);
                          }),
               "tiled=tile_f32+vin_tile_f32");
+    const TensorView kl = TensorView::blhd(k.data(), DType::f32, 1, Lk, H, D);
+    EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kl, kl, ov, {}, &ctx); }),
+              "tiled=tile_f32+tile_f32");
     const TensorView kbv = TensorView::contiguous(kb.data(), DType::bf16, {1, H, Lk, D});
     EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kbv, kbv, ov, {}, &ctx); }),
               "tiled=tile_f32+tile_f32");

@@ -91,12 +91,14 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 }
 
 // The units of one kind of query block. Tiled blocks pack K/V (natively as bf16 pairs when Q, K
-// and V are bf16 on the native unit), except f32 V of whole-vector rows in one page per block
-// (k_packed): the P V tile reads it where it is, the same micro-kernel over the same keys in the
-// same order (the same sums), and the block skips a copy of V
-// (docs/performance.md#dm-tiled-v-in-place). Streamed blocks read K/V in place. Contiguous K/V with
-// V read in place split the two streams between the phases (k_ahead): the scores prefetch V beside
-// K, P V the K read next, and K goes as one stream, four keys at a time
+// and V are bf16 on the native unit), except f32 V of whole-vector rows that follow one another,
+// in one page per block (k_packed): the P V tile reads it where it is, the same micro-kernel over
+// the same keys in the same order (the same sums), and the block skips a copy of V
+// (docs/performance.md#dm-tiled-v-in-place). Rows further apart are packed: in a [B, L, H, D]
+// tensor they lie H * D floats apart, often a multiple of 4 KiB, so a block's rows share a few L1
+// sets and each row strip of P V would read V from L2 again. Streamed blocks read K/V in place.
+// Contiguous K/V with V read in place split the two streams between the phases (k_ahead): the
+// scores prefetch V beside K, P V the K read next, and K goes as one stream, four keys at a time
 // (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32); so do pages of a multiple of the
 // block, in which every block lies whole (#dm-paged-whole-blocks). Otherwise K goes in four
 // interleaved runs for smaller pages (a block's keys lie in several) and for contiguous K of
@@ -117,7 +119,8 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
     if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
         native_dot(p.k.dtype) == NativeDot::bf16_pairs)
       return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
-    const bool v_in_place = p.v.dtype == DType::f32 && p.Dv % lanes == 0 && whole_pages;
+    const bool v_in_place =
+        p.v.dtype == DType::f32 && p.Dv % lanes == 0 && p.v.s[2] == p.Dv && whole_pages;
     return {QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
             PvUnit::tile_f32};
   }
