@@ -156,14 +156,26 @@ struct LiveVectors {
   int lo, hi;
 };
 
+// The keys [begin, end) of a block that span what rows[0, R) see (R >= 1): the first key any of
+// them sees and one past the last. Score tiles compute only these (LiveVectorsOf); P V tiles stop
+// at end (PvBlockTiles).
+struct SeenKeys {
+  std::int32_t begin, end;
+};
+
+CPUATTN_ALWAYS_INLINE SeenKeys SeenKeysOf(int R, const RowMask* rows) {
+  SeenKeys k{rows[0].begin, rows[0].end};
+  for (int r = 1; r < R; ++r) {
+    k.begin = std::min(k.begin, rows[r].begin);
+    k.end = std::max(k.end, rows[r].end);
+  }
+  return k;
+}
+
 template <class O, int C>
 CPUATTN_ALWAYS_INLINE LiveVectors LiveVectorsOf(int R, const RowMask* rows, std::int32_t col0) {
   constexpr int N = O::kLanes;
-  std::int32_t begin = rows[0].begin, end = rows[0].end;
-  for (int r = 1; r < R; ++r) {
-    begin = std::min(begin, rows[r].begin);
-    end = std::max(end, rows[r].end);
-  }
+  const auto [begin, end] = SeenKeysOf(R, rows);
   const int lo = begin <= col0 ? 0 : std::min<std::int32_t>((begin - col0) / N, C);
   const int hi = end <= col0 ? 0 : std::min<std::int32_t>((end - col0 + N - 1) / N, C);
   return {lo, std::max(lo, hi)};

@@ -150,12 +150,9 @@ void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, con
     const std::int64_t vs = in_place ? v_stride : cw;
     for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
       const int R = std::min(O::kPvRows, r_hi - r0);
-      std::int64_t keys = nk_live;
-      if (rm != nullptr) {
-        std::int32_t end = 0;
-        for (int r = r0; r < r0 + R; ++r) end = std::max(end, rm[r].end);
-        keys = std::min<std::int64_t>(keys, end);
-      }
+      const std::int64_t keys =
+          rm == nullptr ? nk_live
+                        : std::clamp<std::int64_t>(SeenKeysOf(R, rm + r0).end, 0, nk_live);
       PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, vs, keys,
                 acc + r0 * dvp + c0, dvp);
       between();
