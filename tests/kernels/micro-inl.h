@@ -68,9 +68,10 @@ void MicroScoreTile(int R, const float* q, std::int64_t qs, std::int64_t D, cons
 }
 
 bool MicroProbBlock(int rows, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
-                    std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                    std::int64_t ncols, float* m, bool first, float* s, std::int64_t s_stride,
                     float* lsum) {
-  return ProbBlockTiles<Ops>(rows, q, qs, D, kp, ncols, m, s, s_stride, lsum, Ops::kLanes, [] {});
+  return ProbBlockTiles<Ops>(rows, q, qs, D, kp, ncols, m, first, s, s_stride, lsum, Ops::kLanes,
+                             [] {});
 }
 
 void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const float* vp,

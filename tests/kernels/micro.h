@@ -30,9 +30,10 @@ struct MicroKernels {
   // masked: apply ends[r] and masks[r] (nullptr or the row's mask at the tile's first key).
   // ProbBlockTiles: rows of Qp (stride qs) against ncols keys of packed K panels ([panel][D][W]),
   // s[r][j] = 2^(q_r . k_j - m[r]), lsum[r * lanes, + lanes) their lanes' partial sums; false if
-  // a score is above m[r] + 8.
+  // a score is above m[r] + 8. With `first`, m[r] is set to row r's largest score of the first
+  // panel (and back to -inf on false).
   bool (*prob_block)(int rows, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
-                     std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                     std::int64_t ncols, float* m, bool first, float* s, std::int64_t s_stride,
                      float* lsum);
   void (*score_tile)(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
                      float* s, std::int64_t s_stride, std::int32_t col0, bool masked,

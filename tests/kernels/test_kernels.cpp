@@ -195,60 +195,97 @@ TEST_P(Micro, AccFiniteFindsEveryNonFinite) {
 
 enum class MaskCase { none, ends, boolean, boolean_broadcast, additive };
 
-// S[r][w] = q[r] . Kp[:, w] for every row count, ragged D, misaligned operands and every mask.
-// Scores and softmax in one pass (lazy max): each probability within Exp2's 3e-7 and what the f32
-// score's rounding moves it by, the sums within that plus f32 additions; a row whose largest
-// score is 8.5 above its m refuses the block.
+// Scores and softmax in one pass (lazy max), for every row count, ragged D and misaligned
+// operands: each probability within Exp2's 3e-7 and what the f32 score's rounding moves it by, the
+// sums within that plus f32 additions; a row whose largest score is 8.5 above its m refuses the
+// block. With `first` (rows that have seen no key) the tiles set m to each row's largest score of
+// the first panel, within that score's rounding, and refuse a later panel 8 above it or a first
+// panel whose largest score is not finite, leaving m at -inf.
 TEST_P(Micro, ProbBlockMatchesDouble) {
   const auto& k = mk();
   const int W = k.score_cols * k.lanes;
-  for (int rows : {1, k.score_rows, k.score_rows + 1, 13})
-    for (std::int64_t D : {1, 17, 64})
-      for (std::int64_t ncols : {W, 2 * W}) {
-        const std::int64_t qs = D + 3, s_stride = ncols + 16;
-        Buf q(rows * qs, 1), kp(D * ncols), s(rows * s_stride), lsum(rows * k.lanes);
-        fill(q.data(), rows * qs, 21 + rows);
-        fill(kp.data(), D * ncols, 23 + static_cast<std::uint32_t>(D), -2.0f, 2.0f);
-        std::vector<double> want(rows * ncols), err(rows * ncols), row_max(rows, -1e300);
-        std::vector<float> m(rows);
-        for (int r = 0; r < rows; ++r) {
-          for (std::int64_t j = 0; j < ncols; ++j) {
-            const float* panel = kp.data() + j / W * D * W;
-            double dot = 0, mag = 0;
-            for (std::int64_t d = 0; d < D; ++d) {
-              const double t = double(q.data()[r * qs + d]) * panel[d * W + j % W];
-              dot += t;
-              mag += std::abs(t);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (bool first : {false, true})
+    for (int rows : {1, k.score_rows, k.score_rows + 1, 13})
+      for (std::int64_t D : {1, 17, 64})
+        for (std::int64_t ncols : {W, 2 * W}) {
+          const std::int64_t qs = D + 3, s_stride = ncols + 16;
+          Buf q(rows * qs, 1), kp(D * ncols), s(rows * s_stride), lsum(rows * k.lanes);
+          fill(q.data(), rows * qs, 21 + rows);
+          // With `first`, keys of a quarter the size keep every later score below the first
+          // panel's largest + 8 (their spread is about 5 at D 64 otherwise).
+          const float kmax = first ? 0.5f : 2.0f;
+          fill(kp.data(), D * ncols, 23 + static_cast<std::uint32_t>(D), -kmax, kmax);
+          std::vector<double> want(rows * ncols), err(rows * ncols), row_max(rows, -1e300);
+          std::vector<double> first_max(rows, -1e300), first_err(rows);
+          std::vector<float> m(rows);
+          for (int r = 0; r < rows; ++r) {
+            for (std::int64_t j = 0; j < ncols; ++j) {
+              const float* panel = kp.data() + j / W * D * W;
+              double dot = 0, mag = 0;
+              for (std::int64_t d = 0; d < D; ++d) {
+                const double t = double(q.data()[r * qs + d]) * panel[d * W + j % W];
+                dot += t;
+                mag += std::abs(t);
+              }
+              want[r * ncols + j] = dot;
+              err[r * ncols + j] = (D + 2) * kEps * mag;
+              row_max[r] = std::max(row_max[r], dot);
+              if (j < W && dot > first_max[r]) {
+                first_max[r] = dot;
+                first_err[r] = err[r * ncols + j];
+              }
             }
-            want[r * ncols + j] = dot;
-            err[r * ncols + j] = (D + 2) * kEps * mag;
-            row_max[r] = std::max(row_max[r], dot);
+            m[r] = first ? neg_inf : static_cast<float>(row_max[r] - 3 + 0.25 * r);
           }
-          m[r] = static_cast<float>(row_max[r] - 3 + 0.25 * r);
-        }
-        const std::string what = "rows " + std::to_string(rows) + " D " + std::to_string(D) +
-                                 " ncols " + std::to_string(ncols);
-        ASSERT_TRUE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), s.data(),
-                                 s_stride, lsum.data()))
-            << what;
-        for (int r = 0; r < rows; ++r) {
-          double sum = 0, tol = 0, got_sum = 0;
-          for (std::int64_t j = 0; j < ncols; ++j) {
-            const double x = want[r * ncols + j] - m[r], e = std::exp2(x);
-            const double rel = 3e-7 + std::log(2.0) * (err[r * ncols + j] + kEps * std::abs(x));
-            ASSERT_LE(std::abs(s.data()[r * s_stride + j] - e), rel * e)
-                << what << ": row " << r << " key " << j;
-            sum += e;
-            tol += (rel + ncols * kEps) * e;
+          const std::string what = std::string(first ? "first, " : "") + "rows " +
+                                   std::to_string(rows) + " D " + std::to_string(D) + " ncols " +
+                                   std::to_string(ncols);
+          // A later panel's scores may exceed the first's largest, by less than 8 here.
+          if (first && ncols > W) {
+            for (int r = 0; r < rows; ++r) ASSERT_LT(row_max[r], first_max[r] + 7.5) << what;
           }
-          for (int i = 0; i < k.lanes; ++i) got_sum += lsum.data()[r * k.lanes + i];
-          ASSERT_LE(std::abs(got_sum - sum), tol) << what << ": the sum of row " << r;
+          ASSERT_TRUE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), first,
+                                   s.data(), s_stride, lsum.data()))
+              << what;
+          for (int r = 0; r < rows; ++r) {
+            if (first) {
+              // The largest of the scores in f32 is within its own rounding of the true largest.
+              ASSERT_LE(std::abs(m[r] - first_max[r]), first_err[r]) << what << ": m of row " << r;
+            }
+            double sum = 0, tol = 0, got_sum = 0;
+            for (std::int64_t j = 0; j < ncols; ++j) {
+              const double x = want[r * ncols + j] - m[r], e = std::exp2(x);
+              const double rel = 3e-7 + std::log(2.0) * (err[r * ncols + j] + kEps * std::abs(x));
+              ASSERT_LE(std::abs(s.data()[r * s_stride + j] - e), rel * e)
+                  << what << ": row " << r << " key " << j;
+              sum += e;
+              tol += (rel + ncols * kEps) * e;
+            }
+            for (int i = 0; i < k.lanes; ++i) got_sum += lsum.data()[r * k.lanes + i];
+            ASSERT_LE(std::abs(got_sum - sum), tol) << what << ": the sum of row " << r;
+          }
+          if (!first) {
+            m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
+          } else if (ncols > W) {
+            // The second panel's first key, for the last row: a score 9 above the first panel's.
+            const float* qr = q.data() + (rows - 1) * qs;
+            double qq = 0;
+            for (std::int64_t d = 0; d < D; ++d) qq += double(qr[d]) * qr[d];
+            for (std::int64_t d = 0; d < D; ++d)
+              kp.data()[D * W + d * W] = static_cast<float>(qr[d] * (first_max[rows - 1] + 9) / qq);
+            std::fill(m.begin(), m.end(), neg_inf);
+          } else {
+            q.data()[(rows - 1) * qs] = std::numeric_limits<float>::infinity();
+            std::fill(m.begin(), m.end(), neg_inf);
+          }
+          EXPECT_FALSE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), first,
+                                    s.data(), s_stride, lsum.data()))
+              << what;
+          if (first) {
+            for (int r = 0; r < rows; ++r) EXPECT_EQ(m[r], neg_inf) << what << ": m of row " << r;
+          }
         }
-        m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
-        EXPECT_FALSE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), s.data(),
-                                  s_stride, lsum.data()))
-            << what;
-      }
 }
 
 TEST_P(Micro, ScoreTileMatchesDouble) {

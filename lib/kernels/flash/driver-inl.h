@@ -369,9 +369,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
 }
 
 // The tiled score units on a block that no row needs masked or transformed, once every row has a
-// finite max: scores and softmax in one pass (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for
-// P V). The block's sums wait on the stack until every tile has passed. False if the block must
-// take the two passes (ScoreBlock, SoftmaxRows), which then overwrite S and Pb.
+// finite max, or (f32 tiles) while no row has seen a key: scores and softmax in one pass
+// (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for P V). The block's sums wait on the stack
+// until every tile has passed. False if the block must take the two passes (ScoreBlock,
+// SoftmaxRows), which then overwrite S and Pb.
 template <class O, bool kNative>
 bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>& g,
                const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi, bool exact_pv,
@@ -384,13 +385,17 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
     return false;
   const int n = hr.hi - hr.lo;
   if (n > O::kBlockRows) return false;  // plans keep tiled blocks to kBlockRows rows
+  // Rows that have all seen a block, or (f32 tiles) none: a row with no key yet has l = 0 and
+  // Acc = 0 (OnlineSoftmaxRow), so its first block's weights may be taken against any m.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const bool first = f32 && tb.m[hr.lo] == neg_inf;
   for (int r = hr.lo; r < hr.hi; ++r)
-    if (!std::isfinite(tb.m[r])) return false;
+    if (first ? tb.m[r] != neg_inf : !std::isfinite(tb.m[r])) return false;
   alignas(64) float lsum[O::kBlockRows * N];
   bool ok = false;
   if (f32) {
     ok = ProbBlockTiles<O>(n, tb.qp + hr.lo * tb.qs, tb.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
-                           tb.s + hr.lo * g.Nk, g.Nk, lsum, N,
+                           first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N,
                            [&] { tb.ahead.Drip(p, kDripLines); });
   } else if constexpr (kNative) {
     const std::int64_t qs2 = (p.D + 1) / 2;

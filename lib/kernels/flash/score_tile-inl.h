@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -131,31 +132,14 @@ void ScoreBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D,
   }
 }
 
-// ProbBlockTiles' tile: R rows x W keys of probabilities 2^(s - m[r]) into S rows, and their sums
-// into lsum rows (one vector each), from the accumulators; false, with nothing summed, if a score
-// is above m[r] + kLazyMaxSlack. A NaN score passes as NaN probabilities, which the driver's
-// check of Acc (AccFinite) sends through the exact rerun.
+// 2^acc[r][c] into S rows, and their sums added into lsum rows (one vector each): the epilogue
+// of a one-pass tile, whose accumulators already hold s - m.
 template <class O, int R>
-CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
-                                    std::int64_t D, const float* CPUATTN_RESTRICT kp,
-                                    const float* m, float* CPUATTN_RESTRICT s,
-                                    std::int64_t s_stride, float* CPUATTN_RESTRICT lsum,
-                                    std::int64_t lsum_stride) {
+CPUATTN_ALWAYS_INLINE void StoreProbs(const typename O::V (&acc)[R][O::kScoreCols],
+                                      float* CPUATTN_RESTRICT s, std::int64_t s_stride,
+                                      float* CPUATTN_RESTRICT lsum, std::int64_t lsum_stride) {
   using V = typename O::V;
   constexpr int C = O::kScoreCols, N = O::kLanes;
-  // The dot products start at -m[r], so the accumulators end as s - m, which both passes below
-  // read without a subtraction each.
-  V acc[R][C], neg_m[R];
-  CPUATTN_UNROLL(16)
-  for (int r = 0; r < R; ++r) neg_m[r] = O::Set(-m[r]);
-  TileDots<O, R>(q, qs, D, kp, acc, neg_m);
-  V over = O::Set(-std::numeric_limits<float>::infinity());
-  CPUATTN_UNROLL(16)
-  for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(4)
-    for (int c = 0; c < C; ++c) over = O::Max(over, acc[r][c]);
-  }
-  if (O::ReduceMax(over) > kLazyMaxSlack) return false;
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     V sum = O::Load(lsum + r * lsum_stride);
@@ -167,18 +151,67 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
     }
     O::Store(sum, lsum + r * lsum_stride);
   }
+}
+
+// ProbBlockTiles' tile: R rows x W keys of probabilities 2^(s - m[r]) into S rows, and their sums
+// into lsum rows, from the accumulators; false, with nothing summed, if a score is above m[r] +
+// kLazyMaxSlack. With kFirst (the block's first panel, rows that have seen no key yet) m[r] is
+// not read but set, to the largest of the row's scores here; false, with m unchanged, where that
+// is not finite. A NaN score passes as NaN probabilities, which the driver's check of Acc
+// (AccFinite) sends through the exact rerun.
+template <class O, int R, bool kFirst>
+CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
+                                    std::int64_t D, const float* CPUATTN_RESTRICT kp, float* m,
+                                    float* CPUATTN_RESTRICT s, std::int64_t s_stride,
+                                    float* CPUATTN_RESTRICT lsum, std::int64_t lsum_stride) {
+  using V = typename O::V;
+  constexpr int C = O::kScoreCols;
+  V acc[R][C];
+  if constexpr (kFirst) {
+    TileDots<O, R>(q, qs, D, kp, acc);
+    float mr[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      V mx = acc[r][0];
+      CPUATTN_UNROLL(4)
+      for (int c = 1; c < C; ++c) mx = O::Max(mx, acc[r][c]);
+      mr[r] = O::ReduceMax(mx);
+      if (!std::isfinite(mr[r])) return false;
+    }
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      m[r] = mr[r];
+      const V vm = O::Set(mr[r]);
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) acc[r][c] = O::Sub(acc[r][c], vm);
+    }
+  } else {
+    // The dot products start at -m[r], so the accumulators end as s - m, which both passes below
+    // read without a subtraction each.
+    V neg_m[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) neg_m[r] = O::Set(-m[r]);
+    TileDots<O, R>(q, qs, D, kp, acc, neg_m);
+    V over = O::Set(-std::numeric_limits<float>::infinity());
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < C; ++c) over = O::Max(over, acc[r][c]);
+    }
+    if (O::ReduceMax(over) > kLazyMaxSlack) return false;
+  }
+  StoreProbs<O, R>(acc, s, s_stride, lsum, lsum_stride);
   return true;
 }
 
-template <class O>
-bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp,
-              const float* m, float* s, std::int64_t s_stride, float* lsum,
-              std::int64_t lsum_stride) {
+template <class O, bool kFirst>
+bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp, float* m,
+              float* s, std::int64_t s_stride, float* lsum, std::int64_t lsum_stride) {
   switch (R) {
-#define CPUATTN_PROB_CASE(n)                                                  \
-  case n:                                                                     \
-    if constexpr (n <= O::kScoreRows)                                         \
-      return ProbTile<O, n>(q, qs, D, kp, m, s, s_stride, lsum, lsum_stride); \
+#define CPUATTN_PROB_CASE(n)                                                          \
+  case n:                                                                             \
+    if constexpr (n <= O::kScoreRows)                                                 \
+      return ProbTile<O, n, kFirst>(q, qs, D, kp, m, s, s_stride, lsum, lsum_stride); \
     break;
     CPUATTN_PROB_CASE(1)
     CPUATTN_PROB_CASE(2)
@@ -200,28 +233,35 @@ bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const floa
 }
 
 // Scores and softmax of a block in one pass (lazy rescaling), for a block that no row needs masked
-// or transformed and whose rows have each seen a block: each row's max m stays where it is, so
-// each tile writes its probabilities 2^(s - m) to S (the first ncols columns, whole panels) while
-// the scores are in registers, and adds their sums into lsum rows (zeroed here). The max pass and
-// the exp2 pass over S are gone. False as soon as a tile finds a score above m + kLazyMaxSlack:
-// the block then takes the two passes, which overwrite S. between() as in ScoreBlockTiles.
+// or transformed: each tile writes its probabilities 2^(s - m) to S (the first ncols columns,
+// whole panels) while the scores are in registers, and adds their sums into lsum rows (zeroed
+// here); the max pass and the exp2 pass over S are gone. Rows that have each seen a block keep
+// their max m; with `first` (rows that have seen no key: a short sequence's only block) the first
+// panel's tiles set m to the largest score of the row's first panel, and the later panels are
+// weighed against it. False as soon as a tile finds a score above m + kLazyMaxSlack (or, with
+// `first`, a first panel's largest score not finite): the block then takes the two passes, which
+// overwrite S (with `first`, m is -inf again). between() as in ScoreBlockTiles.
 template <class O, class Between>
 bool ProbBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, const float* kp,
-                    std::int64_t ncols, const float* m, float* s, std::int64_t s_stride,
+                    std::int64_t ncols, float* m, bool first, float* s, std::int64_t s_stride,
                     float* lsum, std::int64_t lsum_stride, const Between& between) {
   constexpr int W = O::kScoreCols * O::kLanes;
   for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-  for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+  bool ok = true;
+  for (std::int64_t c0 = 0; c0 < ncols && ok; c0 += W) {
     const float* panel = kp + (c0 / W) * D * W;
-    for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+    for (int r0 = 0; r0 < rows && ok; r0 += O::kScoreRows) {
       const int R = std::min(O::kScoreRows, rows - r0);
-      if (!ProbRows<O>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0, s_stride,
-                       lsum + r0 * lsum_stride, lsum_stride))
-        return false;
+      ok = first && c0 == 0
+               ? ProbRows<O, true>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0,
+                                   s_stride, lsum + r0 * lsum_stride, lsum_stride)
+               : ProbRows<O, false>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0,
+                                    s_stride, lsum + r0 * lsum_stride, lsum_stride);
       between();
     }
   }
-  return true;
+  if (!ok && first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  return ok;
 }
 
 CPUATTN_NAMESPACE_END
