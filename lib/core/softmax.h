@@ -34,8 +34,14 @@ struct RowState {
   bool empty() const { return m == -std::numeric_limits<float>::infinity(); }
   // Multiplies the accumulator into the output: 1 / (l + 2^(sink - m)), or 0 for a row with no
   // visible key (out = 0 by definition, with or without a sink). Without a sink the added term is
-  // exactly 0. A sink far above m makes it inf and the scale 0, the limit of the true value.
-  float out_scale() const { return empty() ? 0.0f : 1.0f / (l + std::exp2(sink - m)); }
+  // exactly 0 (NaN for a NaN m), so no exp2 is called: a libm call per row was a third of the
+  // output epilogue of a short sequence (docs/performance.md#dm-out-scale-no-sink). A sink far
+  // above m makes it inf and the scale 0, the limit of the true value.
+  float out_scale() const {
+    if (empty()) return 0.0f;
+    if (sink == -std::numeric_limits<float>::infinity()) return std::isnan(m) ? m : 1.0f / l;
+    return 1.0f / (l + std::exp2(sink - m));
+  }
   // Natural-log log-sum-exp of the row's scaled, masked scores and the sink; -inf for a row with
   // neither.
   float lse() const {
