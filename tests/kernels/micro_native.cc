@@ -38,8 +38,8 @@ void TileScores(const detail::Problem& p, int rows, std::int64_t nk, float qscal
                 qscale, s, s_stride, rm.data(), mi);
 }
 
-bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale, const float* m,
-               std::uint16_t* pb, std::int64_t pb_stride, float* lsum) {
+bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* m,
+               bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum) {
   using T = Bf16Tile<Ops>;
   const std::int64_t dp2 = (p.D + 1) / 2;
   std::vector<float> qb_buf, kb_buf;
@@ -48,7 +48,7 @@ bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale
   T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
   T::PackK(p, 0, 0, 0, nk, kb);
   return T::ProbBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, nk, qscale, m,
-                      pb, pb_stride, lsum, 16);
+                      first, pb, pb_stride, lsum, 16);
 }
 
 void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,

@@ -19,9 +19,10 @@ struct NativeMicroKernels {
   // Bf16Tile::ProbBlock (scores and softmax in one pass): Q and K as for tile_scores, nk a whole
   // number of 64-key panels; pb[r][j] = 2^(qscale q_r . k_j - m[r]) rounded to bf16 (bits),
   // lsum[r * 16, + 16) the lanes' partial sums of those before rounding; false if a score is
-  // above m[r] + 8 or NaN.
-  bool (*tile_probs)(const Problem& p, int rows, std::int64_t nk, float qscale, const float* m,
-                     std::uint16_t* pb, std::int64_t pb_stride, float* lsum);
+  // above m[r] + 8 or NaN. With `first`, m[r] is set to row r's largest score of the first
+  // panel (and back to -inf on false).
+  bool (*tile_probs)(const Problem& p, int rows, std::int64_t nk, float qscale, float* m,
+                     bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum);
   // PvUnit::tile_bf16: acc[r][0, Dv) += P[r] (rounded to bf16) . V, V packed as pairs.
   void (*tile_pv)(const Problem& p, int rows, std::int64_t nk, const float* pr,
                   std::int64_t p_stride, float* acc, std::int64_t acc_stride);

@@ -86,63 +86,89 @@ TEST(NativeUnits, TileScoresMatchDouble) {
 
 // Scores and softmax in one pass: each probability 2^(s - m) within the bf16 rounding (2^-8),
 // Exp2Bf16's 3e-6 and what the f32 score's rounding moves it by; the sums the same without the
-// rounding plus nk f32 additions. A score above m + 8 (by a row's m), or NaN, is refused.
+// rounding plus nk f32 additions. A score above m + 8 (by a row's m), or NaN, is refused. With
+// `first` (rows that have seen no key) the tiles set m to each row's largest score of the first
+// 64-key panel, within that score's rounding, and a refusal leaves m at -inf.
 TEST(NativeUnits, TileProbsMatchDouble) {
   if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
   const auto& k = detail::native_micro_kernels();
   const float qscale = 0.125f * 1.4426950408889634f;  // log2 units
-  for (int rows : {1, 5, 6, 13})
-    for (std::int64_t D : {1, 31, 64, 130})
-      for (std::int64_t nk : {64, 128, 192}) {
-        const Bf16Rows q(rows * D, 5), kv(nk * D, 6);
-        const detail::Problem p = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
-                                          kv.bits.data(), kv.bits.data(), DType::bf16);
-        std::vector<double> want(rows * nk), err(rows * nk);
-        std::vector<float> m(rows);
-        std::vector<double> row_max(rows);
-        for (int r = 0; r < rows; ++r) {
-          double mx = -1e300;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const auto [s, mag] = dot(&q.value[r * D], &kv.value[j * D], D);
-            want[r * nk + j] = qscale * s;
-            err[r * nk + j] = (D + 3) * kEps * qscale * mag;
-            mx = std::max(mx, qscale * s);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (bool first : {false, true})
+    for (int rows : {1, 5, 6, 13})
+      for (std::int64_t D : {1, 31, 64, 130})
+        for (std::int64_t nk : {64, 128, 192}) {
+          const Bf16Rows q(rows * D, 5), kv(nk * D, 6);
+          const detail::Problem p = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
+                                            kv.bits.data(), kv.bits.data(), DType::bf16);
+          std::vector<double> want(rows * nk), err(rows * nk);
+          std::vector<float> m(rows);
+          std::vector<double> row_max(rows), first_max(rows, -1e300), first_err(rows);
+          for (int r = 0; r < rows; ++r) {
+            double mx = -1e300;
+            for (std::int64_t j = 0; j < nk; ++j) {
+              const auto [s, mag] = dot(&q.value[r * D], &kv.value[j * D], D);
+              want[r * nk + j] = qscale * s;
+              err[r * nk + j] = (D + 3) * kEps * qscale * mag;
+              mx = std::max(mx, qscale * s);
+              if (j < 64 && qscale * s > first_max[r]) {
+                first_max[r] = qscale * s;
+                first_err[r] = err[r * nk + j];
+              }
+            }
+            row_max[r] = mx;
+            // Scores up to 3 - r / 2 above m; with `first`, m is the kernel's to set.
+            m[r] = first ? neg_inf : static_cast<float>(mx - 3 + 0.5 * r);
           }
-          row_max[r] = mx;
-          m[r] = static_cast<float>(mx - 3 + 0.5 * r);  // scores up to 3 - r / 2 above m
-        }
-        std::vector<std::uint16_t> pb(rows * nk);
-        AlignedFloats lsum(rows * 16);
-        const std::string what = "rows " + std::to_string(rows) + " D " + std::to_string(D) +
-                                 " nk " + std::to_string(nk);
-        ASSERT_TRUE(k.tile_probs(p, rows, nk, qscale, m.data(), pb.data(), nk, lsum.data()))
-            << what;
-        for (int r = 0; r < rows; ++r) {
-          double sum = 0, sum_tol = 0, got_sum = 0;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const double x = want[r * nk + j] - m[r], e = std::exp2(x);
-            const double rel = 3e-6 + std::log(2.0) * (err[r * nk + j] + kEps * std::abs(x));
-            ASSERT_LE(std::abs(from_bf16(pb[r * nk + j]) - e), (std::ldexp(1.0, -8) + rel) * e)
-                << what << ": row " << r << " key " << j;
-            sum += e;
-            sum_tol += (rel + nk * kEps) * e;
+          std::vector<std::uint16_t> pb(rows * nk);
+          AlignedFloats lsum(rows * 16);
+          const std::string what = std::string(first ? "first, " : "") + "rows " +
+                                   std::to_string(rows) + " D " + std::to_string(D) + " nk " +
+                                   std::to_string(nk);
+          ASSERT_TRUE(
+              k.tile_probs(p, rows, nk, qscale, m.data(), first, pb.data(), nk, lsum.data()))
+              << what;
+          for (int r = 0; r < rows; ++r) {
+            if (first) {
+              ASSERT_LE(std::abs(m[r] - first_max[r]), first_err[r] + kEps * std::abs(first_max[r]))
+                  << what << ": m of row " << r;
+            }
+            double sum = 0, sum_tol = 0, got_sum = 0;
+            for (std::int64_t j = 0; j < nk; ++j) {
+              const double x = want[r * nk + j] - m[r], e = std::exp2(x);
+              const double rel = 3e-6 + std::log(2.0) * (err[r * nk + j] + kEps * std::abs(x));
+              ASSERT_LE(std::abs(from_bf16(pb[r * nk + j]) - e), (std::ldexp(1.0, -8) + rel) * e)
+                  << what << ": row " << r << " key " << j;
+              sum += e;
+              sum_tol += (rel + nk * kEps) * e;
+            }
+            for (int i = 0; i < 16; ++i) got_sum += lsum.data()[r * 16 + i];
+            ASSERT_LE(std::abs(got_sum - sum), sum_tol) << what << ": the sum of row " << r;
           }
-          for (int i = 0; i < 16; ++i) got_sum += lsum.data()[r * 16 + i];
-          ASSERT_LE(std::abs(got_sum - sum), sum_tol) << what << ": the sum of row " << r;
+          // The last row's largest score 8.5 above its m is refused; a NaN key as well (in the
+          // first panel and in the last).
+          const std::vector<float> m_kept = m;
+          if (!first) {
+            m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
+            EXPECT_FALSE(
+                k.tile_probs(p, rows, nk, qscale, m.data(), first, pb.data(), nk, lsum.data()))
+                << what;
+          }
+          for (std::int64_t j : {std::int64_t{0}, nk - 1}) {
+            m = first ? std::vector<float>(rows, neg_inf) : m_kept;
+            std::vector<std::uint16_t> knan = kv.bits;
+            knan[j * D] = 0x7fc0;  // a bf16 NaN in key j
+            const detail::Problem pn = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
+                                               knan.data(), knan.data(), DType::bf16);
+            EXPECT_FALSE(
+                k.tile_probs(pn, rows, nk, qscale, m.data(), first, pb.data(), nk, lsum.data()))
+                << what << ", NaN key " << j;
+            if (first) {
+              for (int r = 0; r < rows; ++r)
+                EXPECT_EQ(m[r], neg_inf) << what << ", NaN key " << j << ": m of row " << r;
+            }
+          }
         }
-        // The last row's largest score 8.5 above its m is refused; a NaN key as well.
-        const float m_last = m[rows - 1];
-        m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
-        EXPECT_FALSE(k.tile_probs(p, rows, nk, qscale, m.data(), pb.data(), nk, lsum.data()))
-            << what;
-        m[rows - 1] = m_last;
-        std::vector<std::uint16_t> knan = kv.bits;
-        knan[(nk - 1) * D] = 0x7fc0;  // a bf16 NaN in the last key
-        const detail::Problem pn = problem(rows, nk, D, D, q.bits.data(), DType::bf16, knan.data(),
-                                           knan.data(), DType::bf16);
-        EXPECT_FALSE(k.tile_probs(pn, rows, nk, qscale, m.data(), pb.data(), nk, lsum.data()))
-            << what;
-      }
 }
 
 // P V with P rounded to bf16: each term p v within 2^-8 |p v|, plus f32 sums.

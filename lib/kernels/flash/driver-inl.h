@@ -369,7 +369,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
 }
 
 // The tiled score units on a block that no row needs masked or transformed, once every row has a
-// finite max, or (f32 tiles) while no row has seen a key: scores and softmax in one pass
+// finite max, or while no row has seen a key: scores and softmax in one pass
 // (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for P V). The block's sums wait on the stack
 // until every tile has passed. False if the block must take the two passes (ScoreBlock,
 // SoftmaxRows), which then overwrite S and Pb.
@@ -385,10 +385,10 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
     return false;
   const int n = hr.hi - hr.lo;
   if (n > O::kBlockRows) return false;  // plans keep tiled blocks to kBlockRows rows
-  // Rows that have all seen a block, or (f32 tiles) none: a row with no key yet has l = 0 and
-  // Acc = 0 (OnlineSoftmaxRow), so its first block's weights may be taken against any m.
+  // Rows that have all seen a block, or none: a row with no key yet has l = 0 and Acc = 0
+  // (OnlineSoftmaxRow), so its first block's weights may be taken against any m.
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const bool first = f32 && tb.m[hr.lo] == neg_inf;
+  const bool first = tb.m[hr.lo] == neg_inf;
   for (int r = hr.lo; r < hr.hi; ++r)
     if (first ? tb.m[r] != neg_inf : !std::isfinite(tb.m[r])) return false;
   alignas(64) float lsum[O::kBlockRows * N];
@@ -401,7 +401,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
     const std::int64_t qs2 = (p.D + 1) / 2;
     ok = Bf16Tile<O>::ProbBlock(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
                                 qs2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
-                                static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo,
+                                static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo, first,
                                 tb.pb + hr.lo * g.Nk, g.Nk, lsum, N);
   }
   if (!ok) return false;

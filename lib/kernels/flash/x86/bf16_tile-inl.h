@@ -23,8 +23,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "core/inline.h"
 #include "core/problem.h"
@@ -228,32 +230,63 @@ struct Bf16Tile {
 
   // ProbBlock's tile: R rows x W keys of probabilities 2^(s - m[r]) rounded to bf16 into Pb rows
   // and summed into lsum rows (one vector each), straight from the accumulators; false, with
-  // nothing written, if a score is above m[r] + kLazyMaxSlack or NaN.
-  template <int R>
+  // nothing written, if a score is above m[r] + kLazyMaxSlack or NaN. With kFirst (the block's
+  // first panel, rows that have seen no key) m[r] is set, to the largest of the row's scores
+  // here; false where that is not finite or a score is NaN.
+  template <int R, bool kFirst>
   static CPUATTN_ALWAYS_INLINE bool ProbTile(const std::uint32_t* CPUATTN_RESTRICT q,
                                              std::int64_t qs2, std::int64_t dp2,
                                              const std::uint32_t* CPUATTN_RESTRICT kb, float qscale,
-                                             const float* m, std::uint16_t* CPUATTN_RESTRICT pb,
+                                             float* m, std::uint16_t* CPUATTN_RESTRICT pb,
                                              std::int64_t pb_stride, float* CPUATTN_RESTRICT lsum,
                                              std::int64_t lsum_stride) {
     constexpr int C = W / N;
     static_assert(C % 2 == 0, "probabilities are rounded two vectors at a time");
     __m512 acc[R][C];
     Dots<R>(q, qs2, dp2, kb, acc);
-    // s - m in one rounding: qscale * dot - m.
     const __m512 vs = _mm512_set1_ps(qscale);
-    const __m512 lim = _mm512_set1_ps(kLazyMaxSlack);
-    __mmask16 over = 0;
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const __m512 vm = _mm512_set1_ps(m[r]);
-      CPUATTN_UNROLL(4)
-      for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_fmsub_ps(acc[r][c], vs, vm);
-        over |= _mm512_cmp_ps_mask(acc[r][c], lim, _CMP_NLE_UQ);
+    if constexpr (kFirst) {
+      // The max drops NaN lanes, so they are looked for apart.
+      float mr[R];
+      __mmask16 nan = 0;
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        CPUATTN_UNROLL(4)
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_mul_ps(acc[r][c], vs);
+          nan |= _mm512_cmp_ps_mask(acc[r][c], acc[r][c], _CMP_UNORD_Q);
+        }
+        __m512 mx = acc[r][0];
+        CPUATTN_UNROLL(4)
+        for (int c = 1; c < C; ++c) mx = _mm512_max_ps(mx, acc[r][c]);
+        mr[r] = _mm512_reduce_max_ps(mx);
       }
+      if (nan != 0) return false;
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r)
+        if (!std::isfinite(mr[r])) return false;
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        m[r] = mr[r];
+        const __m512 vm = _mm512_set1_ps(mr[r]);
+        CPUATTN_UNROLL(4)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_sub_ps(acc[r][c], vm);
+      }
+    } else {
+      // s - m in one rounding: qscale * dot - m.
+      const __m512 lim = _mm512_set1_ps(kLazyMaxSlack);
+      __mmask16 over = 0;
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        const __m512 vm = _mm512_set1_ps(m[r]);
+        CPUATTN_UNROLL(4)
+        for (int c = 0; c < C; ++c) {
+          acc[r][c] = _mm512_fmsub_ps(acc[r][c], vs, vm);
+          over |= _mm512_cmp_ps_mask(acc[r][c], lim, _CMP_NLE_UQ);
+        }
+      }
+      if (over != 0) return false;
     }
-    if (over != 0) return false;
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       typename O::V sum = O::Load(lsum + r * lsum_stride);
@@ -269,14 +302,15 @@ struct Bf16Tile {
     return true;
   }
 
+  template <bool kFirst>
   static bool ProbRows(int R, const std::uint32_t* q, std::int64_t qs2, std::int64_t dp2,
-                       const std::uint32_t* kb, float qscale, const float* m, std::uint16_t* pb,
+                       const std::uint32_t* kb, float qscale, float* m, std::uint16_t* pb,
                        std::int64_t pb_stride, float* lsum, std::int64_t lsum_stride) {
     switch (R) {
-#define CPUATTN_BF16_PROB_CASE(n)                                                       \
-  case n:                                                                               \
-    if constexpr (n <= O::kScoreRows)                                                   \
-      return ProbTile<n>(q, qs2, dp2, kb, qscale, m, pb, pb_stride, lsum, lsum_stride); \
+#define CPUATTN_BF16_PROB_CASE(n)                                                               \
+  case n:                                                                                       \
+    if constexpr (n <= O::kScoreRows)                                                           \
+      return ProbTile<n, kFirst>(q, qs2, dp2, kb, qscale, m, pb, pb_stride, lsum, lsum_stride); \
     break;
       CPUATTN_BF16_PROB_CASE(1)
       CPUATTN_BF16_PROB_CASE(2)
@@ -292,27 +326,34 @@ struct Bf16Tile {
   }
 
   // Scores and softmax of a block in one pass (lazy rescaling), for a block that no row needs
-  // masked or transformed and whose rows have each seen a block: the rows' max m stays where it
-  // is, so each tile turns its scores into bf16 probabilities Pb (the first ncols columns, whole
-  // panels) while they are in registers, and adds their sums into lsum rows. Scores, their max,
-  // their exponentials and their rounding no longer cross memory between passes. False as soon
-  // as a tile finds a score above m + kLazyMaxSlack (or NaN): the block then takes the two
-  // passes, which overwrite what was written.
+  // masked or transformed: each tile turns its scores into bf16 probabilities Pb (the first
+  // ncols columns, whole panels) while they are in registers, and adds their sums into lsum rows.
+  // Scores, their max, their exponentials and their rounding no longer cross memory between
+  // passes. Rows that have each seen a block keep their max m; with `first` (rows that have seen
+  // no key) the first panel's tiles set it, as ProbBlockTiles (score_tile-inl.h) does. False as
+  // soon as a tile finds a score above m + kLazyMaxSlack (or NaN; with `first`, a first panel's
+  // largest score not finite): the block then takes the two passes, which overwrite what was
+  // written (with `first`, m is -inf again).
   static bool ProbBlock(int rows, const std::uint32_t* qb, std::int64_t qs2, std::int64_t dp2,
-                        const std::uint32_t* kb, std::int64_t ncols, float qscale, const float* m,
-                        std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
+                        const std::uint32_t* kb, std::int64_t ncols, float qscale, float* m,
+                        bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
                         std::int64_t lsum_stride) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-    for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
+    bool ok = true;
+    for (std::int64_t c0 = 0; c0 < ncols && ok; c0 += W) {
       const std::uint32_t* panel = kb + (c0 / W) * dp2 * W;
-      for (int r0 = 0; r0 < rows; r0 += O::kScoreRows) {
+      for (int r0 = 0; r0 < rows && ok; r0 += O::kScoreRows) {
         const int R = std::min(O::kScoreRows, rows - r0);
-        if (!ProbRows(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0, pb + r0 * pb_stride + c0,
-                      pb_stride, lsum + r0 * lsum_stride, lsum_stride))
-          return false;
+        ok = first && c0 == 0 ? ProbRows<true>(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0,
+                                               pb + r0 * pb_stride + c0, pb_stride,
+                                               lsum + r0 * lsum_stride, lsum_stride)
+                              : ProbRows<false>(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0,
+                                                pb + r0 * pb_stride + c0, pb_stride,
+                                                lsum + r0 * lsum_stride, lsum_stride);
       }
     }
-    return true;
+    if (!ok && first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    return ok;
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
