@@ -24,4 +24,21 @@ CPUATTN_ALWAYS_INLINE void WithCount(std::int64_t n, const F& f) {
   }
 }
 
+// f(r, i, h) for rows [r0, r1) of a query block whose row r is position i = pos0 + r / nh, head
+// h = h0 + r % nh (the heads of one K/V group folded into the block): one 64-bit division for
+// the first row, not one per row (a block's 64 of them cost as much as copying its Q rows).
+template <class F>
+CPUATTN_ALWAYS_INLINE void ForQueryRows(std::int64_t pos0, std::int64_t h0, std::int64_t nh,
+                                        std::int64_t r0, std::int64_t r1, const F& f) {
+  if (r0 >= r1) return;  // nh may be 0 then (InputsAhead with nothing to read)
+  std::int64_t i = pos0 + r0 / nh, h = h0 + r0 % nh;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    f(r, i, h);
+    if (++h == h0 + nh) {
+      h = h0;
+      ++i;
+    }
+  }
+}
+
 }  // namespace cpuattn::detail

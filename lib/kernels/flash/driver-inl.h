@@ -547,18 +547,16 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
 template <class O>
 void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const TaskCoords& tc,
                      const QueryBlock& q, const Geometry<O>& g, const TaskBuffers& tb) {
-  // Row r is (position pos0 + r / nh, head h0 + r % nh), in nested loops as in SetRowSlopes.
-  for (std::int64_t i = q.pos0, r = 0; i < q.pos1; ++i) {
-    for (std::int64_t h = tc.h0; h < tc.h0 + tc.nh; ++h, ++r) {
-      const detail::RowState st{tb.m[r], O::ReduceSum(O::Load(tb.l + r * O::kLanes)),
-                                static_cast<float>(p.sink(h) * detail::kLog2e)};
-      if (pl.path.out == detail::OutUnit::partials) {
-        WritePartial(p, pl, st, tb.acc + r * g.DvP, tc.b, h, i, tc.ks);
-      } else {
-        WriteRow<O>(p, pl.path.out, st, tb.acc + r * g.DvP, tc.b, h, i);
-      }
-    }
-  }
+  detail::ForQueryRows(
+      q.pos0, tc.h0, tc.nh, 0, q.rows, [&](std::int64_t r, std::int64_t i, std::int64_t h) {
+        const detail::RowState st{tb.m[r], O::ReduceSum(O::Load(tb.l + r * O::kLanes)),
+                                  static_cast<float>(p.sink(h) * detail::kLog2e)};
+        if (pl.path.out == detail::OutUnit::partials) {
+          WritePartial(p, pl, st, tb.acc + r * g.DvP, tc.b, h, i, tc.ks);
+        } else {
+          WriteRow<O>(p, pl.path.out, st, tb.acc + r * g.DvP, tc.b, h, i);
+        }
+      });
 }
 
 // The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the

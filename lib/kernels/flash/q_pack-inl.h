@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtypes.h"
+#include "core/inline.h"
 #include "core/problem.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
@@ -30,9 +31,8 @@ void PackQAs(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int
   constexpr int N = O::kLanes;
   const typename O::V vscale = O::Set(qscale);
   const std::int64_t dv = p.D / N * N;
-  for (int r = 0; r < rows; ++r) {
-    const T* src = static_cast<const T*>(p.q.data) + b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] +
-                   (pos0 + r / nh) * p.q.s[2];
+  detail::ForQueryRows(pos0, h0, nh, 0, rows, [&](std::int64_t r, std::int64_t i, std::int64_t h) {
+    const T* src = static_cast<const T*>(p.q.data) + b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2];
     float* dst = qp + r * qs;
     for (std::int64_t d = 0; d < dv; d += N)
       O::Store(O::Mul(LoadWide<O>(src + d), vscale), dst + d);
@@ -40,7 +40,7 @@ void PackQAs(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int
       if (dv < p.D) O::Store(O::Mul(LoadWidePartial<O>(src + dv, p.D - dv), vscale), dst + dv);
       std::fill(dst + (dv < p.D ? dv + N : dv), dst + qs, 0.0f);
     }
-  }
+  });
 }
 
 template <class O>
@@ -56,11 +56,11 @@ void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64
 inline void PrefetchQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                       std::int64_t pos0, std::int64_t r0, std::int64_t r1) {
   const auto eq = static_cast<std::int64_t>(dtype_size(p.q.dtype));
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const char* src = static_cast<const char*>(p.q.data) +
-                      (b * p.q.s[0] + (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2]) * eq;
+  detail::ForQueryRows(pos0, h0, nh, r0, r1, [&](std::int64_t, std::int64_t i, std::int64_t h) {
+    const char* src =
+        static_cast<const char*>(p.q.data) + (b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2]) * eq;
     for (std::int64_t off = 0; off < p.D * eq; off += 64) detail::Prefetch<2>(src + off);
-  }
+  });
 }
 
 CPUATTN_NAMESPACE_END

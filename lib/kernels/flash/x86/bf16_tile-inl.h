@@ -54,13 +54,14 @@ struct Bf16Tile {
   static void PackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                     std::int64_t pos0, int rows, std::int64_t qs2,
                     std::uint16_t* CPUATTN_RESTRICT qb) {
-    for (int r = 0; r < rows; ++r) {
-      const std::uint16_t* src = static_cast<const std::uint16_t*>(p.q.data) + b * p.q.s[0] +
-                                 (h0 + r % nh) * p.q.s[1] + (pos0 + r / nh) * p.q.s[2];
-      std::uint16_t* dst = qb + r * qs2 * 2;
-      std::memcpy(dst, src, static_cast<std::size_t>(p.D) * 2);
-      std::fill(dst + p.D, dst + qs2 * 2, std::uint16_t{0});
-    }
+    detail::ForQueryRows(pos0, h0, nh, 0, rows,
+                         [&](std::int64_t r, std::int64_t i, std::int64_t h) {
+                           const std::uint16_t* src = static_cast<const std::uint16_t*>(p.q.data) +
+                                                      b * p.q.s[0] + h * p.q.s[1] + i * p.q.s[2];
+                           std::uint16_t* dst = qb + r * qs2 * 2;
+                           std::memcpy(dst, src, static_cast<std::size_t>(p.D) * 2);
+                           std::fill(dst + p.D, dst + qs2 * 2, std::uint16_t{0});
+                         });
   }
 
   // Kb panels of keys [j0, j0 + nk): 32 keys x 16 bf16 dims at a time are read as 16 x 16 f32
