@@ -123,6 +123,39 @@ TEST_F(Cli, VerboseEnvLogsEveryCallWithItsTarget) {
   EXPECT_EQ(quiet.err.find("cpuattn_verbose"), std::string::npos) << quiet.err;
 }
 
+// --layout blhd times the same shapes through [B, L, H, D] views: the record and its dims name
+// the layout, and the library sees strided rows (a tiled f32 call then packs V, whose rows lie
+// H * D floats apart, where the [B, H, L, D] default reads V in place). Layer cases refuse it.
+TEST_F(Cli, BenchLayoutBlhdTimesStridedViews) {
+  for (const std::string layout : {"bhld", "blhd"}) {
+    ::setenv("CPUATTN_VERBOSE", "1", 1);
+    const Result r =
+        run("bench --shape 1,3,64,64,16 --threads 1 --repeat 1 --json --layout " + layout);
+    ::unsetenv("CPUATTN_VERBOSE");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<Json> recs = json_lines(r.out);
+    ASSERT_EQ(recs.size(), 1u) << r.out;
+    EXPECT_EQ(recs[0].at("layout"), layout);
+    const bool blhd = layout == "blhd";
+    EXPECT_EQ(recs[0].at("dims").get<std::string>().find("[B,L,H,D]") != std::string::npos, blhd)
+        << recs[0].dump();
+    int calls = 0;
+    for (const auto& line : lines_of(r.err)) {
+      if (line.rfind("cpuattn_verbose,attention,", 0) != 0) continue;
+      ++calls;
+      EXPECT_EQ(line.find("tiled=tile_f32+vin_tile_f32/") != std::string::npos, !blhd) << line;
+      EXPECT_EQ(line.find("tiled=tile_f32+tile_f32/") != std::string::npos, blhd) << line;
+    }
+    EXPECT_EQ(calls, 2) << r.err;  // the warm-up and the timed run
+  }
+  const Result layer = run("bench --shape M2 --threads 1 --repeat 1 --layout blhd");
+  EXPECT_EQ(layer.exit_code, 2);
+  EXPECT_NE(layer.err.find("--layout blhd is for attention shapes, not the layer case M2"),
+            std::string::npos)
+      << layer.err;
+  EXPECT_NE(run("bench --shape 1,3,64,64,16 --layout bshd").exit_code, 0);
+}
+
 // CPUATTN_TRACE in any program: the file is written at exit.
 TEST_F(Cli, TraceEnvWritesTheTraceAtExit) {
   ::setenv("CPUATTN_TRACE", path("env_trace.json").c_str(), 1);

@@ -151,6 +151,15 @@ AlignedFloats filled(std::size_t n, std::uint32_t seed) {
 
 }  // namespace
 
+Layout parse_layout(const std::string& text) {
+  for (Layout l : {Layout::bhld, Layout::blhd}) {
+    if (text == layout_name(l)) return l;
+  }
+  throw std::invalid_argument("--layout '" + text + "': expected bhld or blhd");
+}
+
+const char* layout_name(Layout l) { return l == Layout::blhd ? "blhd" : "bhld"; }
+
 ScoreVariant parse_variant(const std::string& text) {
   for (ScoreVariant v : {ScoreVariant::plain, ScoreVariant::softcap, ScoreVariant::alibi,
                          ScoreVariant::sinks, ScoreVariant::all}) {
@@ -201,7 +210,8 @@ std::string limit_kind(const std::vector<WorkPart>& parts, double peak_gflops, d
   return fma && bw ? "fma+bw" : fma ? "fma" : "bw";
 }
 
-Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant variant) {
+Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant variant,
+                    Layout layout) {
   struct Data {
     StoredTensor q, k, v;
     std::vector<std::uint8_t, Aligned64<std::uint8_t>> out;
@@ -231,15 +241,23 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
       (double(s.D + s.Dv) * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8.0 : 0.0));
   std::string dims = s.dims();
   if (variant != ScoreVariant::plain) dims += std::string(" +") + variant_name(variant);
-  Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}, {}};
+  if (layout == Layout::blhd) dims += " [B,L,H,D]";
+  Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}, {}, layout_name(layout)};
   const bool pairs = dtype == DType::bf16 && kv_dtype == DType::bf16;
   c.parts = {
       {s.flops(), kv_bytes, attention_fma_share(s.D, s.Dv), attention_fma_share(s.D, s.Dv, pairs)}};
-  c.run = [d, s, opts, dtype, kv_dtype](Context& ctx) {
-    attention(TensorView::contiguous(d->q.data(), dtype, {s.B, s.H, s.Lq, s.D}),
-              TensorView::contiguous(d->k.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.D}),
-              TensorView::contiguous(d->v.data(), kv_dtype, {s.B, s.Hkv, s.Lk, s.Dv}),
-              OutputView::contiguous(d->out.data(), dtype, {s.B, s.H, s.Lq, s.Dv}), opts, &ctx);
+  c.run = [d, s, opts, dtype, kv_dtype, layout](Context& ctx) {
+    // The same buffers either way: a [B, L, H, D] view reads them with other strides.
+    const auto in = [&](const void* data, DType t, std::int64_t h, std::int64_t l, std::int64_t e) {
+      return layout == Layout::blhd ? TensorView::blhd(data, t, s.B, l, h, e)
+                                    : TensorView::contiguous(data, t, {s.B, h, l, e});
+    };
+    const OutputView out =
+        layout == Layout::blhd
+            ? OutputView::blhd(d->out.data(), dtype, s.B, s.Lq, s.H, s.Dv)
+            : OutputView::contiguous(d->out.data(), dtype, {s.B, s.H, s.Lq, s.Dv});
+    attention(in(d->q.data(), dtype, s.H, s.Lq, s.D), in(d->k.data(), kv_dtype, s.Hkv, s.Lk, s.D),
+              in(d->v.data(), kv_dtype, s.Hkv, s.Lk, s.Dv), out, opts, &ctx);
   };
   return c;
 }
@@ -566,14 +584,17 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
 }
 
 Case make_case(const std::string& name, bool causal, DType dtype, DType kv_dtype,
-               ScoreVariant variant) {
+               ScoreVariant variant, Layout layout) {
   if (auto lc = layer_case(name, kv_dtype, dtype)) {
     if (variant != ScoreVariant::plain)
       throw std::invalid_argument("--variant " + std::string(variant_name(variant)) +
                                   " is for attention shapes, not the layer case " + name);
+    if (layout != Layout::bhld)
+      throw std::invalid_argument("--layout " + std::string(layout_name(layout)) +
+                                  " is for attention shapes, not the layer case " + name);
     return std::move(*lc);
   }
-  return attention_case(parse_shape(name, causal), dtype, kv_dtype, variant);
+  return attention_case(parse_shape(name, causal), dtype, kv_dtype, variant, layout);
 }
 
 }  // namespace cpuattn::cli

@@ -33,7 +33,8 @@ struct Case {
   double flops = 0, bytes = 0;
   bool memory_bound = false;  // report GB/s against the read bandwidth as well
   std::function<void(Context&)> run;
-  std::vector<WorkPart> parts;  // done one after another
+  std::vector<WorkPart> parts;   // done one after another
+  const char* layout = nullptr;  // attention cases: layout_name() of their inputs' layout
 };
 
 // Vector operations per attention score besides the products (max, subtract, exp, sum, scale
@@ -68,20 +69,30 @@ enum class ScoreVariant { plain, softcap, alibi, sinks, all };
 ScoreVariant parse_variant(const std::string& text);
 const char* variant_name(ScoreVariant v);
 
+// How a case's Q, K, V and out lie in memory: [B, H, L, D] (heads apart), or [B, L, H, D] (a
+// projection's output before its heads are split, ONNX Runtime's MultiHeadAttention layout), the
+// same logical tensors through strides (TensorView::blhd).
+enum class Layout { bhld, blhd };
+// "bhld" or "blhd"; throws std::invalid_argument naming --layout.
+Layout parse_layout(const std::string& text);
+const char* layout_name(Layout l);
+
 // An attention case; inputs are 64-byte aligned and filled with a fixed pseudo-random pattern.
 // Q and out are stored as `dtype`, K and V as `kv_dtype` (int8 with per-token scales, as a
 // KvCache stores them); `bytes` counts K and V at their storage size.
-// `variant` is named in the case's dims (" +softcap", ...).
+// `variant` is named in the case's dims (" +softcap", ...), and so is the [B, L, H, D] layout.
 Case attention_case(const Shape& s, DType dtype = DType::f32, DType kv_dtype = DType::f32,
-                    ScoreVariant variant = ScoreVariant::plain);
+                    ScoreVariant variant = ScoreVariant::plain, Layout layout = Layout::bhld);
 // L1 (Linear), M1 (MHA layer) or M2 (MHA decode step); nullopt for any other name.
 // M2's cache is stored as `kv_dtype`, its weights as `weights` (f32, or bf16 for bf16; the
 // layer's activations stay f32).
 std::optional<Case> layer_case(const std::string& name, DType kv_dtype = DType::f32,
                                DType weights = DType::f32);
-// layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype, variant).
-// A variant other than plain on a layer case throws std::invalid_argument.
+// layer_case(name), else attention_case(parse_shape(name, causal), dtype, kv_dtype, variant,
+// layout). A variant other than plain, or the [B, L, H, D] layout, on a layer case throws
+// std::invalid_argument.
 Case make_case(const std::string& name, bool causal, DType dtype = DType::f32,
-               DType kv_dtype = DType::f32, ScoreVariant variant = ScoreVariant::plain);
+               DType kv_dtype = DType::f32, ScoreVariant variant = ScoreVariant::plain,
+               Layout layout = Layout::bhld);
 
 }  // namespace cpuattn::cli

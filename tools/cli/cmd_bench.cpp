@@ -47,6 +47,7 @@ struct Options {
   std::vector<std::string> dtypes = {"f32"};      // Q (and out) dtypes
   std::vector<std::string> kv_dtypes;             // K/V dtypes; empty: each Q dtype
   std::vector<std::string> variants = {"plain"};  // score variants (cases.h)
+  std::string layout = "bhld";                    // attention shapes' memory layout (cases.h)
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -276,6 +277,7 @@ int run_bench(const Options& o) {
   std::vector<Variant> variants;
   for (const auto& t : o.targets)
     for (Simd s : providers) variants.push_back({parse_target(t), s});
+  const Layout layout = parse_layout(o.layout);
   std::vector<DtypePair> dtype_pairs;
   for (const auto& name : o.variants) {
     const ScoreVariant sv = parse_variant(name);
@@ -316,8 +318,9 @@ int run_bench(const Options& o) {
     // One case per dtype pair (each has its inputs); every (variant, dtype pair) is timed in turns.
     std::vector<Case> cases;
     for (const DtypePair& dp : dtype_pairs) {
-      cases.push_back(pt.custom ? attention_case(pt.shape, dp.q, dp.kv, dp.variant)
-                                : make_case(pt.case_name, o.causal, dp.q, dp.kv, dp.variant));
+      cases.push_back(pt.custom
+                          ? attention_case(pt.shape, dp.q, dp.kv, dp.variant, layout)
+                          : make_case(pt.case_name, o.causal, dp.q, dp.kv, dp.variant, layout));
     }
     const Case& c = cases[0];
     if (tty && std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
@@ -377,6 +380,7 @@ int run_bench(const Options& o) {
       r["dtype"] = short_dtype_name(dtype_pairs[i % nd].q);
       r["kv_dtype"] = short_dtype_name(dtype_pairs[i % nd].kv);
       r["variant"] = variant_name(dtype_pairs[i % nd].variant);
+      if (ci.layout != nullptr) r["layout"] = ci.layout;
       // Which products ran natively on bf16 (vdpbf16ps), for bf16 Q with bf16 K/V.
       if (dtype_pairs[i % nd].q == DType::bf16 && dtype_pairs[i % nd].kv == DType::bf16)
         r["bf16_path"] = active_bf16_path(&ctx);
@@ -537,6 +541,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "(comma list; default plain)")
       ->delimiter(',')
       ->check(CLI::IsMember({"plain", "softcap", "alibi", "sinks", "all"}));
+  cmd->add_option("--layout", opts->layout,
+                  "Memory layout of the attention shapes' Q, K, V and out: bhld ([B, H, L, D], "
+                  "the default) or blhd ([B, L, H, D], as a projection writes them and ONNX "
+                  "Runtime's MultiHeadAttention reads them)")
+      ->check(CLI::IsMember({"bhld", "blhd"}));
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)

@@ -37,6 +37,7 @@ struct Options {
   std::string simd;
   std::string trace;
   bool json = false;
+  std::string layout = "bhld";
 };
 
 int run_profile(const Options& o) {
@@ -45,7 +46,7 @@ int run_profile(const Options& o) {
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const DType qd = parse_dtype(o.dtype, "--dtype", false);
   const DType kvd = o.kv_dtype.empty() ? qd : parse_dtype(o.kv_dtype, "--kv-dtype", true);
-  const Case c = make_case(o.shape, o.causal, qd, kvd);
+  const Case c = make_case(o.shape, o.causal, qd, kvd, ScoreVariant::plain, parse_layout(o.layout));
   // The case runs in this arena on a context that uses the caller's arena, so that the counters'
   // observer sees every thread that runs it.
   tbb::task_arena arena(threads);
@@ -254,6 +255,10 @@ void add_profile_command(CLI::App& app, int& exit_code) {
                   "Named shape (S1, P1, P2, X1, D1, D2, L1, M1, M2) or B,H,Lq,Lk,D[,Hkv[,Dv]] "
                   "(default P1)");
   cmd->add_flag("--causal", opts->causal, "Make the shape causal (top-left)");
+  cmd->add_option("--layout", opts->layout,
+                  "Memory layout of an attention shape's Q, K, V and out: bhld ([B, H, L, D], the "
+                  "default) or blhd ([B, L, H, D])")
+      ->check(CLI::IsMember({"bhld", "blhd"}));
   cmd->add_option("--threads", opts->threads, "Threads (default: the machine's logical CPUs)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--repeat", opts->repeat, "Profiled calls after one warm-up (default 5)")
