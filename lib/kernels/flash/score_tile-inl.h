@@ -247,21 +247,14 @@ bool ProbBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, 
                     float* lsum, std::int64_t lsum_stride, const Between& between) {
   constexpr int W = O::kScoreCols * O::kLanes;
   for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-  bool ok = true;
-  for (std::int64_t c0 = 0; c0 < ncols && ok; c0 += W) {
-    const float* panel = kp + (c0 / W) * D * W;
-    for (int r0 = 0; r0 < rows && ok; r0 += O::kScoreRows) {
-      const int R = std::min(O::kScoreRows, rows - r0);
-      ok = first && c0 == 0
-               ? ProbRows<O, true>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0,
-                                   s_stride, lsum + r0 * lsum_stride, lsum_stride)
-               : ProbRows<O, false>(R, qp + r0 * qs, qs, D, panel, m + r0, s + r0 * s_stride + c0,
-                                    s_stride, lsum + r0 * lsum_stride, lsum_stride);
-      between();
-    }
-  }
-  if (!ok && first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-  return ok;
+  return LazyPanels<W, O::kScoreRows>(
+      rows, ncols, first, m,
+      [&](int r0, int R, std::int64_t c0, auto first_panel) {
+        return ProbRows<O, decltype(first_panel)::value>(
+            R, qp + r0 * qs, qs, D, kp + (c0 / W) * D * W, m + r0, s + r0 * s_stride + c0, s_stride,
+            lsum + r0 * lsum_stride, lsum_stride);
+      },
+      between);
 }
 
 CPUATTN_NAMESPACE_END

@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "core/inline.h"
 #include "core/problem.h"
@@ -340,21 +339,14 @@ struct Bf16Tile {
                         bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
                         std::int64_t lsum_stride) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-    bool ok = true;
-    for (std::int64_t c0 = 0; c0 < ncols && ok; c0 += W) {
-      const std::uint32_t* panel = kb + (c0 / W) * dp2 * W;
-      for (int r0 = 0; r0 < rows && ok; r0 += O::kScoreRows) {
-        const int R = std::min(O::kScoreRows, rows - r0);
-        ok = first && c0 == 0 ? ProbRows<true>(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0,
-                                               pb + r0 * pb_stride + c0, pb_stride,
-                                               lsum + r0 * lsum_stride, lsum_stride)
-                              : ProbRows<false>(R, qb + r0 * qs2, qs2, dp2, panel, qscale, m + r0,
-                                                pb + r0 * pb_stride + c0, pb_stride,
-                                                lsum + r0 * lsum_stride, lsum_stride);
-      }
-    }
-    if (!ok && first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-    return ok;
+    return LazyPanels<W, O::kScoreRows>(
+        rows, ncols, first, m,
+        [&](int r0, int R, std::int64_t c0, auto first_panel) {
+          return ProbRows<decltype(first_panel)::value>(
+              R, qb + r0 * qs2, qs2, dp2, kb + (c0 / W) * dp2 * W, qscale, m + r0,
+              pb + r0 * pb_stride + c0, pb_stride, lsum + r0 * lsum_stride, lsum_stride);
+        },
+        [] {});
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
