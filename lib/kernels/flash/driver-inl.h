@@ -80,50 +80,66 @@ CPUATTN_ALWAYS_INLINE TaskCoords DecodeTask(const detail::Problem& p, const deta
 // computed (tiled blocks only: streamed blocks prefetch their own rows): the next query block's Q
 // rows, or from the last block the next task's first Q rows; and the next task's K/V rows, up to
 // Plan::ahead_kv_bytes. Without them a short task (S1: one 128-key block per head; X1: 1024 keys
-// that the first of four query blocks reads) starts its reads from memory cold. Q goes in
-// `shares` parts as each key block's scores and P V run; K/V, the bulk, kDripLines lines after
-// each tile (Drip), within what the shares so far allow: a share at a time filled the core's miss
-// queue and stalled the tiles for as long as it saved (docs/performance.md#dm-kv-drip).
-inline constexpr int kDripLines = 8;
+// that the first of four query blocks reads) starts its reads from memory cold. The f32 tiles ask
+// for them evenly through the block: `per_tile` lines after each tile (Drip), Q rows first (read
+// first), then K/V key after key, so that all are asked for by the block's last tile and no more
+// are in flight at once than a tile's time covers. A share at a time filled the core's miss queue
+// and stalled the tiles for as long as it saved (docs/performance.md#dm-kv-drip); a fixed 8 lines
+// per tile left most of S1's lines to one burst at the block's end (#dm-drip-even). Units without
+// tiles ask in `shares` parts, one after each key block's scores and P V (Next), what the tiles
+// have not.
 struct InputsAhead {
   std::int64_t b = 0, h0 = 0, nh = 0, pos0 = 0, rows = 0;  // Q rows (PrefetchQ)
   std::int64_t b_kv = 0, hk = 0, kb = 0, nk = 0;           // K/V keys [kb, kb + nk) of head hk
-  std::int64_t issued = 0, shares = 0;
-  std::int64_t kv_quota = 0, kv_next = 0, kv_off = 0;  // keys allowed, next key, bytes of it asked
+  std::int64_t lines = 0, per_tile = 0, shares = 0;        // lines in all, per tile; parts
+  std::int64_t asked = 0, issued = 0;                      // lines asked so far; parts done
+  std::int64_t q_next = 0, kv_next = 0, kv_off = 0;  // next Q row; next key, bytes of it asked
 
-  // The next share, until all are issued, after what the last one allowed of K/V and the tiles did
-  // not ask for (units without tiles ask for none).
   void Next(const detail::Problem& p) {
     if (issued >= shares) return;
-    Drip(p, std::numeric_limits<std::int64_t>::max());
-    const std::int64_t i = issued++;
-    PrefetchQ(p, b, h0, nh, pos0, rows * i / shares, rows * (i + 1) / shares);
-    kv_quota = nk * (i + 1) / shares;
+    ++issued;
+    Ask(p, lines * issued / shares - asked);
   }
-  // Up to `lines` cache lines of the K/V rows (K row, then V row, key after key) that the shares
-  // so far allow.
-  CPUATTN_ALWAYS_INLINE void Drip(const detail::Problem& p, std::int64_t lines) {
-    if (kv_next >= kv_quota) return;
+  CPUATTN_ALWAYS_INLINE void Drip(const detail::Problem& p) {
+    if (asked < lines) Ask(p, per_tile);
+  }
+  void Rest(const detail::Problem& p) { Ask(p, lines - asked); }
+
+  // Up to n more lines: Q rows (whole rows), then the K/V rows (K row, then V row).
+  void Ask(const detail::Problem& p, std::int64_t n) {
+    if (n <= 0) return;
+    const std::int64_t q_lines = QRowLines(p), n0 = n;
+    if (q_next < rows) {
+      const std::int64_t q_end = std::min(rows, q_next + (n + q_lines - 1) / q_lines);
+      PrefetchQ(p, b, h0, nh, pos0, q_next, q_end);
+      n -= (q_end - q_next) * q_lines;
+      q_next = q_end;
+    }
     const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
     const std::int64_t kbytes = p.D * ek, bytes = kbytes + p.Dv * ev;
-    while (lines > 0 && kv_next < kv_quota) {
+    while (n > 0 && kv_next < nk) {
       const std::int64_t j = kb + kv_next;
       const char* krow =
           static_cast<const char*>(p.k.data) + (p.key_off(p.k.s, b_kv, j) + hk * p.k.s[1]) * ek;
       const char* vrow =
           static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b_kv, j) + hk * p.v.s[1]) * ev;
-      for (; lines > 0 && kv_off < bytes; kv_off += 64, --lines)
+      for (; n > 0 && kv_off < bytes; kv_off += 64, --n)
         detail::Prefetch<2>(kv_off < kbytes ? krow + kv_off : vrow + (kv_off - kbytes));
       if (kv_off >= bytes) {
         ++kv_next;
         kv_off = 0;
       }
     }
+    asked += n0 - n;  // exact: whole Q rows may overshoot n
   }
-  void Rest(const detail::Problem& p) {
-    while (issued < shares) Next(p);
-    Drip(p, std::numeric_limits<std::int64_t>::max());
+  static std::int64_t QRowLines(const detail::Problem& p) {
+    return (p.D * static_cast<std::int64_t>(dtype_size(p.q.dtype)) + 63) / 64;
+  }
+  static std::int64_t KvRowLines(const detail::Problem& p) {
+    return (p.D * static_cast<std::int64_t>(dtype_size(p.k.dtype)) +
+            p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype)) + 63) /
+           64;
   }
 };
 
@@ -324,7 +340,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
   switch (q.path.score) {
     case ScoreUnit::tile_f32:
       ScoreBlockTiles<O>(n, qp, tb.qs, g.D, kb.kp, kb.ncols, kb.clean_lo, kb.clean_hi, s, g.Nk,
-                         tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p, kDripLines); });
+                         tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p); });
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::tile_bf16:
@@ -395,8 +411,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   bool ok = false;
   if (f32) {
     ok = ProbBlockTiles<O>(n, tb.qp + hr.lo * tb.qs, tb.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
-                           first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N,
-                           [&] { tb.ahead.Drip(p, kDripLines); });
+                           first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
   } else if constexpr (kNative) {
     const std::int64_t qs2 = (p.D + 1) / 2;
     ok = Bf16Tile<O>::ProbBlock(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
@@ -457,8 +472,7 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
                                 : kb.vp;
       // A block that some row does not see whole has its row masks set (RunKeyBlocks).
       PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, v, in_place, p.v.s[2], kb.nk, kb.nk_live,
-                      kb.clean() ? nullptr : tb.rm, acc, g.DvP,
-                      [&] { tb.ahead.Drip(p, kDripLines); });
+                      kb.clean() ? nullptr : tb.rm, acc, g.DvP, [&] { tb.ahead.Drip(p); });
       return;
     }
     case PvUnit::tile_bf16:
@@ -593,7 +607,19 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
       }
     }
   }
-  a.shares = 2 * std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk) * tc.nhk;
+  const std::int64_t blocks = std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk);
+  a.shares = 2 * blocks * tc.nhk;
+  a.lines = a.rows * InputsAhead::QRowLines(p) + a.nk * InputsAhead::KvRowLines(p);
+  if (q.path.score == detail::ScoreUnit::tile_f32) {
+    // The tiles that call Drip: per block and K/V head, the score tiles (rows x panels) and the
+    // P V tiles (rows x column chunks).
+    const std::int64_t hr = q.head_rows;
+    const std::int64_t tiles =
+        (hr + O::kScoreRows - 1) / O::kScoreRows * (g.Nk / (O::kScoreCols * O::kLanes)) +
+        (hr + O::kPvRows - 1) / O::kPvRows *
+            ((g.DvP + O::kPvCols * O::kLanes - 1) / (O::kPvCols * O::kLanes));
+    a.per_tile = (a.lines + tiles * blocks * tc.nhk - 1) / (tiles * blocks * tc.nhk);
+  }
   return a;
 }
 
