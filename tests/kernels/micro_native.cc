@@ -35,7 +35,7 @@ void TileScores(const detail::Problem& p, int rows, std::int64_t nk, float qscal
                           RowMask{0, static_cast<std::int32_t>(nk), 0, 0.0f, nullptr});
   const MaskInfo mi{detail::MaskKind::none, 0};
   T::ScoreBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, ncols, 0, nk,
-                qscale, s, s_stride, rm.data(), mi);
+                qscale, s, s_stride, rm.data(), mi, [] {});
 }
 
 bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* m,
@@ -48,7 +48,7 @@ bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale
   T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
   T::PackK(p, 0, 0, 0, nk, kb);
   return T::ProbBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, nk, qscale, m,
-                      first, pb, pb_stride, lsum, 16);
+                      first, pb, pb_stride, lsum, 16, [] {});
 }
 
 void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
@@ -60,7 +60,7 @@ void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr
   auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
   T::PackV(p, dvp, 0, 0, 0, nk, vb);
   for (int r = 0; r < rows; ++r) T::RoundRow(pr + r * p_stride, ncols, pb + r * p_stride);
-  T::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride);
+  T::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride, [] {});
 }
 
 void HiloScores(int rows, float* qp, std::int64_t qs, const detail::Problem& p, std::int64_t nk,

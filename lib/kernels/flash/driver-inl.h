@@ -80,13 +80,13 @@ CPUATTN_ALWAYS_INLINE TaskCoords DecodeTask(const detail::Problem& p, const deta
 // computed (tiled blocks only: streamed blocks prefetch their own rows): the next query block's Q
 // rows, or from the last block the next task's first Q rows; and the next task's K/V rows, up to
 // Plan::ahead_kv_bytes. Without them a short task (S1: one 128-key block per head; X1: 1024 keys
-// that the first of four query blocks reads) starts its reads from memory cold. The f32 tiles ask
+// that the first of four query blocks reads) starts its reads from memory cold. The tiles ask
 // for them evenly through the block: `per_tile` lines after each tile (Drip), Q rows first (read
 // first), then K/V key after key, so that all are asked for by the block's last tile and no more
 // are in flight at once than a tile's time covers. A share at a time filled the core's miss queue
 // and stalled the tiles for as long as it saved (docs/performance.md#dm-kv-drip); a fixed 8 lines
-// per tile left most of S1's lines to one burst at the block's end (#dm-drip-even). Units without
-// tiles ask in `shares` parts, one after each key block's scores and P V (Next), what the tiles
+// per tile left most of S1's lines to one burst at the block's end (#dm-drip-even). Other units
+// ask in `shares` parts, one after each key block's scores and P V (Next), what the tiles
 // have not.
 struct InputsAhead {
   std::int64_t b = 0, h0 = 0, nh = 0, pos0 = 0, rows = 0;  // Q rows (PrefetchQ)
@@ -349,7 +349,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
             n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * ((p.D + 1) / 2),
             (p.D + 1) / 2, (p.D + 1) / 2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
             kb.clean_lo, kb.clean_hi, static_cast<float>(p.scale) * detail::kLog2e, s, g.Nk,
-            tb.rm + hr.lo, mi);
+            tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p); });
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::dot:
@@ -417,7 +417,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
     ok = Bf16Tile<O>::ProbBlock(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
                                 qs2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
                                 static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo, first,
-                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, N);
+                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
   }
   if (!ok) return false;
   for (int r = 0; r < n; ++r)
@@ -479,7 +479,7 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
       if constexpr (kNative)
         Bf16Tile<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
                              reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
-                             acc + hr.lo * g.DvP, g.DvP);
+                             acc + hr.lo * g.DvP, g.DvP, [&] { tb.ahead.Drip(p); });
       return;
     case PvUnit::runs: {
       const bool v_lo = VScalesAllowLo(p, tc.b, hr.head, kb.kb0, kb.nk_live);
@@ -610,9 +610,9 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
   const std::int64_t blocks = std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk);
   a.shares = 2 * blocks * tc.nhk;
   a.lines = a.rows * InputsAhead::QRowLines(p) + a.nk * InputsAhead::KvRowLines(p);
-  if (q.path.score == detail::ScoreUnit::tile_f32) {
-    // The tiles that call Drip: per block and K/V head, the score tiles (rows x panels) and the
-    // P V tiles (rows x column chunks).
+  if (q.path.score == detail::ScoreUnit::tile_f32 || q.path.score == detail::ScoreUnit::tile_bf16) {
+    // The tiles that call Drip (f32 and native bf16 alike): per block and K/V head, the score
+    // tiles (rows x panels) and the P V tiles (rows x column chunks).
     const std::int64_t hr = q.head_rows;
     const std::int64_t tiles =
         (hr + O::kScoreRows - 1) / O::kScoreRows * (g.Nk / (O::kScoreCols * O::kLanes)) +

@@ -333,11 +333,12 @@ struct Bf16Tile {
   // no key) the first panel's tiles set it, as ProbBlockTiles (score_tile-inl.h) does. False as
   // soon as a tile finds a score above m + kLazyMaxSlack (or NaN; with `first`, a first panel's
   // largest score not finite): the block then takes the two passes, which overwrite what was
-  // written (with `first`, m is -inf again).
+  // written (with `first`, m is -inf again). between() runs after each tile (ProbBlockTiles).
+  template <class Between>
   static bool ProbBlock(int rows, const std::uint32_t* qb, std::int64_t qs2, std::int64_t dp2,
                         const std::uint32_t* kb, std::int64_t ncols, float qscale, float* m,
                         bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
-                        std::int64_t lsum_stride) {
+                        std::int64_t lsum_stride, const Between& between) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
     return LazyPanels<W, O::kScoreRows>(
         rows, ncols, first, m,
@@ -346,7 +347,7 @@ struct Bf16Tile {
               R, qb + r0 * qs2, qs2, dp2, kb + (c0 / W) * dp2 * W, qscale, m + r0,
               pb + r0 * pb_stride + c0, pb_stride, lsum + r0 * lsum_stride, lsum_stride);
         },
-        [] {});
+        between);
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
@@ -435,11 +436,12 @@ struct Bf16Tile {
 
   // ScoreUnit::tile_bf16: scores of a block's rows (Qb rows of qs2 pairs) against the Kb panels
   // of its first ncols keys (whole panels), times qscale, into S rows of s_stride; columns
-  // [clean_lo, clean_hi) need no per-element mask (as ScoreBlockTiles).
+  // [clean_lo, clean_hi) need no per-element mask; between() after each tile (as ScoreBlockTiles).
+  template <class Between>
   static void ScoreBlock(int rows, const std::uint32_t* qb, std::int64_t qs2, std::int64_t dp2,
                          const std::uint32_t* kb, std::int64_t ncols, std::int64_t clean_lo,
                          std::int64_t clean_hi, float qscale, float* s, std::int64_t s_stride,
-                         const RowMask* rm, const MaskInfo& mi) {
+                         const RowMask* rm, const MaskInfo& mi, const Between& between) {
     for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
       const std::uint32_t* panel = kb + (c0 / W) * dp2 * W;
       const bool masked = c0 < clean_lo || c0 + W > clean_hi;
@@ -454,15 +456,18 @@ struct Bf16Tile {
           ScoreRows<false>(R, qb + r0 * qs2, qs2, dp2, panel, qscale, srow, s_stride, col0, rm + r0,
                            mi);
         }
+        between();
       }
     }
   }
 
   // PvUnit::tile_bf16: Acc rows += Pb rows (the block's probabilities as the softmax rounded
   // them, PutRounded; pb_stride apart) . Vb chunks of a block of nk keys, the first nk_live seen.
+  // between() runs after each tile (PvBlockTiles).
+  template <class Between>
   static void PvBlock(int rows, const std::uint16_t* pb, std::int64_t pb_stride,
                       const std::uint32_t* vb, std::int64_t nk, std::int64_t nk_live, float* acc,
-                      std::int64_t dvp) {
+                      std::int64_t dvp, const Between& between) {
     const std::int64_t nk2 = Pairs(nk), live2 = Pairs(nk_live);
     for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
       const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
@@ -472,6 +477,7 @@ struct Bf16Tile {
         PvRows(R, static_cast<int>(cw / N),
                reinterpret_cast<const std::uint32_t*>(pb + r0 * pb_stride), pb_stride / 2, vchunk,
                cw, live2, acc + r0 * dvp + c0, dvp);
+        between();
       }
     }
   }
