@@ -618,7 +618,8 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
         (hr + O::kScoreRows - 1) / O::kScoreRows * (g.Nk / (O::kScoreCols * O::kLanes)) +
         (hr + O::kPvRows - 1) / O::kPvRows *
             ((g.DvP + O::kPvCols * O::kLanes - 1) / (O::kPvCols * O::kLanes));
-    a.per_tile = (a.lines + tiles * blocks * tc.nhk - 1) / (tiles * blocks * tc.nhk);
+    const std::int64_t drips = std::max<std::int64_t>(1, tiles * blocks * tc.nhk);
+    a.per_tile = (a.lines + drips - 1) / drips;
   }
   return a;
 }
