@@ -117,7 +117,7 @@ struct InputsAhead {
     }
     const auto ek = static_cast<std::int64_t>(dtype_size(p.k.dtype));
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-    const std::int64_t kbytes = p.D * ek, bytes = kbytes + p.Dv * ev;
+    const std::int64_t kbytes = p.D * ek, bytes = KvRowBytes(p);
     while (n > 0 && kv_next < nk) {
       const std::int64_t j = kb + kv_next;
       const char* krow =
@@ -136,11 +136,11 @@ struct InputsAhead {
   static std::int64_t QRowLines(const detail::Problem& p) {
     return (p.D * static_cast<std::int64_t>(dtype_size(p.q.dtype)) + 63) / 64;
   }
-  static std::int64_t KvRowLines(const detail::Problem& p) {
-    return (p.D * static_cast<std::int64_t>(dtype_size(p.k.dtype)) +
-            p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype)) + 63) /
-           64;
+  static std::int64_t KvRowBytes(const detail::Problem& p) {  // a key's K row and V row
+    return p.D * static_cast<std::int64_t>(dtype_size(p.k.dtype)) +
+           p.Dv * static_cast<std::int64_t>(dtype_size(p.v.dtype));
   }
+  static std::int64_t KvRowLines(const detail::Problem& p) { return (KvRowBytes(p) + 63) / 64; }
 };
 
 // The task's arrays in its scratch (TaskScratch, config.h).
@@ -591,10 +591,9 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
     const QueryBlock qn = QueryBlockOf<O>(p, pl, tn, g, tn.qb0);
     if (detail::packs_k(qn.path.kv)) {
       if (last) a = {tn.b, tn.h0, tn.nh, qn.pos0, qn.rows};
-      const auto row =
-          static_cast<std::int64_t>(p.D * dtype_size(p.k.dtype) + p.Dv * dtype_size(p.v.dtype));
-      const std::int64_t keys = std::clamp<std::int64_t>(
-          pl.ahead_kv_bytes / row, 0, std::max<std::int64_t>(0, tn.k1 - qn.kb_first));
+      const std::int64_t keys =
+          std::clamp<std::int64_t>(pl.ahead_kv_bytes / InputsAhead::KvRowBytes(p), 0,
+                                   std::max<std::int64_t>(0, tn.k1 - qn.kb_first));
       // The task's first block reads its own K/V from memory; the later ones only compute, and
       // take the next task's keys in n - 1 slices (a one-block task takes them all).
       const std::int64_t n = tc.qb1 - tc.qb0, i = qb - tc.qb0;
@@ -611,14 +610,9 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
   a.shares = 2 * blocks * tc.nhk;
   a.lines = a.rows * InputsAhead::QRowLines(p) + a.nk * InputsAhead::KvRowLines(p);
   if (q.path.score == detail::ScoreUnit::tile_f32 || q.path.score == detail::ScoreUnit::tile_bf16) {
-    // The tiles that call Drip (f32 and native bf16 alike): per block and K/V head, the score
-    // tiles (rows x panels) and the P V tiles (rows x column chunks).
-    const std::int64_t hr = q.head_rows;
-    const std::int64_t tiles =
-        (hr + O::kScoreRows - 1) / O::kScoreRows * (g.Nk / (O::kScoreCols * O::kLanes)) +
-        (hr + O::kPvRows - 1) / O::kPvRows *
-            ((g.DvP + O::kPvCols * O::kLanes - 1) / (O::kPvCols * O::kLanes));
-    const std::int64_t drips = std::max<std::int64_t>(1, tiles * blocks * tc.nhk);
+    // Every tile of every key block and K/V head calls Drip (f32 and native bf16 alike).
+    const std::int64_t drips =
+        std::max<std::int64_t>(1, g.block_tiles(q.head_rows) * blocks * tc.nhk);
     a.per_tile = (a.lines + drips - 1) / drips;
   }
   return a;

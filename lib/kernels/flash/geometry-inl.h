@@ -23,6 +23,13 @@ struct Geometry {
   std::int64_t k_block_floats() const { return Nk * D; }    // Kp of one block
   std::int64_t v_block_floats() const { return Nk * DvP; }  // Vp of one block
   std::int64_t kv_block_floats() const { return k_block_floats() + v_block_floats(); }
+  // The tiles of a whole block over `rows` rows, as the tile loops walk it (ScoreBlockTiles,
+  // ProbBlockTiles, PvBlockTiles and the native bf16 ones): score tiles x panels + P V tiles x
+  // column chunks; each calls between() once.
+  std::int64_t block_tiles(std::int64_t rows) const {
+    return (rows + O::kScoreRows - 1) / O::kScoreRows * (Nk / W) +
+           (rows + O::kPvRows - 1) / O::kPvRows * ((DvP + CW - 1) / CW);
+  }
   explicit Geometry(const detail::Problem& p, std::int64_t block_keys)
       : D(p.D), Dv(p.Dv), DvP((p.Dv + N - 1) / N * N), Nk(block_keys) {}
 };
