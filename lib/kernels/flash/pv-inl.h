@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "core/dtypes.h"
 #include "core/problem.h"
@@ -188,16 +187,16 @@ void ScalePByVScales(const detail::Problem& p, std::int64_t b, std::int64_t hk, 
   }
 }
 
-// Keys per step of PvBlockRuns for reduced-precision V: every column chunk of these rows before
-// the next rows, so V is read front to back in 16-key runs (2-4 KiB) instead of one column chunk
-// of the whole block at a time. f32 V keeps whole blocks.
+// Keys per step of PvBlockRuns: every column chunk of these rows before the next rows, so V is
+// read front to back in 16-key runs (2-8 KiB at Dv 128, in L1 while its chunks are read) instead
+// of one column chunk of the whole block at a time (docs/performance.md#dm-stream-keys).
 inline constexpr std::int64_t kStreamKeys = 16;
 
 // PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
 // [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
 // tile keeps its accumulators in registers across a paged block's pages. P is already scaled by
 // V's scales where V has them (and by 2^120 where V reads as Fp8E4M3Lo, `v_lo`). The K rows read
-// next (`ahead`) are prefetched a share per step (f32 V: per column chunk of its one step).
+// next (`ahead`) are prefetched a share per column chunk of each step.
 template <class O>
 void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                  std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
@@ -205,13 +204,13 @@ void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std:
   constexpr int CW = O::kPvCols * O::kLanes;
   WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
-    const std::int64_t step = std::is_same_v<T, float> ? nk_live : kStreamKeys;
-    const std::int64_t steps = (nk_live + step - 1) / step, chunks = (dvp + CW - 1) / CW;
-    VRun<T> vruns[O::kBlockKeys];
-    for (std::int64_t s0 = 0; s0 < nk_live; s0 += step) {
-      const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + step), vruns);
+    const std::int64_t steps = (nk_live + kStreamKeys - 1) / kStreamKeys,
+                       chunks = (dvp + CW - 1) / CW;
+    VRun<T> vruns[kStreamKeys];
+    for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
+      const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + kStreamKeys), vruns);
       for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
-        ahead.Share(s0 / step * chunks + c0 / CW, steps * chunks);
+        ahead.Share(s0 / kStreamKeys * chunks + c0 / CW, steps * chunks);
         const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
         for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
           const int R = std::min(O::kPvRows, r_hi - r0);
