@@ -38,12 +38,12 @@ struct Tiles<512> : BlockShape {
 
 // AVX2, 16 registers: 6x2 accumulators + 2 operands + 1 broadcast in both micro-kernels. Dense
 // product: a 32-column panel is 4 vectors, 3 rows = 12 accumulators. The matrix-vector tile
-// holds a panel row of B (4 vectors) beside them: 2 rows (8 accumulators + 4 + 1); 3 rows left
-// 17 values for 16 registers (docs/performance.md#dm-gemv-groups).
+// has the same 3 rows: 12 accumulators + 3 broadcasts + 1 vector of B, which GemvStep loads one
+// at a time for so few rows (docs/performance.md#dm-gemv-groups).
 template <>
 struct Tiles<256> : BlockShape {
   static constexpr int kScoreRows = 6, kScoreCols = 2, kPvRows = 6, kPvCols = 2, kGemmRows = 3;
-  static constexpr int kGemvRows = 2;
+  static constexpr int kGemvRows = kGemmRows;
 };
 
 // SSE4, 16 registers: as AVX2; a 32-column panel is 8 vectors, so 1 row = 8 accumulators.

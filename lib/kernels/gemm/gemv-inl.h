@@ -11,9 +11,9 @@
 //     accumulators (R x NP x 32 / lanes): 2 FMA pipes x 4 cycles of latency. One row on one panel
 //     has 2 on AVX-512, and the FMA latency rather than memory would bound the stream;
 //   * prefetches each panel's rows kGemvPrefetchBytes / (NP x row bytes) rows ahead.
-// More rows than the tile's (O::kGemvRows: AVX2's 16 registers hold 2 rows of a panel) go in groups
-// that take each chunk of a panel in turn (GemvGroups): the first group reads it from memory, the
-// others from L1, so B still streams once.
+// More rows than the tile's (O::kGemvRows: 3 on AVX2, 12 on AVX-512) go in groups that take each
+// chunk of a panel in turn (GemvGroups): the first group reads it from memory, the others from
+// L1, so B still streams once.
 // Each C element is bias + the sum over k in increasing k, the GEMM's order: the two paths agree
 // bit for bit, so a row's result does not depend on how many rows came with it.
 #if defined(CPUATTN_KERNELS_GEMM_GEMV_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -62,6 +62,13 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   constexpr int C = static_cast<int>(P) / O::kLanes;
   constexpr std::int64_t row_bytes = P * static_cast<std::int64_t>(sizeof(TB));
+  // Beside the R x NP x C accumulators, the order that keeps fewer operands live: R broadcasts
+  // of A and one vector of B at a time when R < C, else a panel row of B (C vectors) and the
+  // broadcasts. On AVX2 (16 registers, C = 4) that is what lets 3 rows fit: 12 + 3 + 1 values
+  // where the panel row first needs 12 + 4 + 1.
+  V av[R];
+  CPUATTN_UNROLL(16)
+  for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
   CPUATTN_UNROLL(4)
   for (int q = 0; q < NP; ++q) {
     const TB* row = b + (q * K + k) * P;
@@ -69,13 +76,21 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       const char* pf = reinterpret_cast<const char*>(row + ahead * P);
       for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
     }
-    V bv[C];
-    LoadWideN<O, C>(row, bv);
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V av = O::Set(a[r][k]);
+    if constexpr (R < C) {
       CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av, bv[j], acc[r][q][j]);
+      for (int j = 0; j < C; ++j) {
+        const V bv = LoadWide<O>(row + j * O::kLanes);
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
+      }
+    } else {
+      V bv[C];
+      LoadWideN<O, C>(row, bv);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        CPUATTN_UNROLL(32)
+        for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av[r], bv[j], acc[r][q][j]);
+      }
     }
   }
 }
