@@ -63,12 +63,10 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
   constexpr int C = static_cast<int>(P) / O::kLanes;
   constexpr std::int64_t row_bytes = P * static_cast<std::int64_t>(sizeof(TB));
   // Beside the R x NP x C accumulators, the order that keeps fewer operands live: R broadcasts
-  // of A and one vector of B at a time when R < C, else a panel row of B (C vectors) and the
-  // broadcasts. On AVX2 (16 registers, C = 4) that is what lets 3 rows fit: 12 + 3 + 1 values
-  // where the panel row first needs 12 + 4 + 1.
-  V av[R];
-  CPUATTN_UNROLL(16)
-  for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
+  // of A and one vector of B at a time when R < C, else a panel row of B (C vectors) and one
+  // broadcast at a time. On AVX2 (16 registers, C = 4) that is what lets 3 rows fit: 12 + 3 + 1
+  // values where the panel row first needs 12 + 4 + 1; AVX-512's 12 rows (C = 2) need the panel
+  // row first (24 + 2 + 1 of 32 registers; 12 broadcasts held at once would spill accumulators).
   CPUATTN_UNROLL(4)
   for (int q = 0; q < NP; ++q) {
     const TB* row = b + (q * K + k) * P;
@@ -77,6 +75,9 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
     }
     if constexpr (R < C) {
+      V av[R];
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) {
         const V bv = LoadWide<O>(row + j * O::kLanes);
@@ -88,8 +89,9 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       LoadWideN<O, C>(row, bv);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
+        const V av = O::Set(a[r][k]);
         CPUATTN_UNROLL(32)
-        for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av[r], bv[j], acc[r][q][j]);
+        for (int j = 0; j < C; ++j) acc[r][q][j] = O::MulAdd(av, bv[j], acc[r][q][j]);
       }
     }
   }
