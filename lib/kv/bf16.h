@@ -62,5 +62,35 @@ CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Bf16* p) {
 #endif
 }
 
+#if CPUATTN_SIMD_BITS == 256 || CPUATTN_SIMD_BITS == 512
+// Of the 2 x kLanes elements at p, the even ones (LoadWideEven: lane i is p[2 i]) or the odd ones
+// (LoadWideOdd: p[2 i + 1]). A pair is one 32-bit lane: its low half, the even element, shifted
+// up; its high half, the odd element's f32 bits in place, with the low half cleared (a mask on
+// AVX-512; two shifts on AVX2, where a mask would take the 16th register that a 3 x 4 tile's 12
+// accumulators and 3 broadcasts leave to the widened vector). One or two bit operations per
+// vector where LoadWide spends a widening shuffle and a shift. A kernel that wants both calls the
+// two in turn: the second load hits L1, and no register holds the pair in between.
+template <class O>
+CPUATTN_ALWAYS_INLINE typename O::V LoadWideEven(const detail::Bf16* p) {
+#if CPUATTN_SIMD_BITS == 512
+  return O::FromRaw(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)));
+#else
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return O::FromRaw(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+#endif
+}
+
+template <class O>
+CPUATTN_ALWAYS_INLINE typename O::V LoadWideOdd(const detail::Bf16* p) {
+#if CPUATTN_SIMD_BITS == 512
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  return O::FromRaw(_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), high)));
+#else
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return O::FromRaw(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(w, 16), 16)));
+#endif
+}
+#endif
+
 CPUATTN_NAMESPACE_END
 #endif  // CPUATTN_KV_TARGET_PART

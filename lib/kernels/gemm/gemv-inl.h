@@ -51,6 +51,50 @@ constexpr int GemvPanels(int R, int lanes) {
   return std::clamp((8 + per_panel - 1) / per_panel, 1, 4);
 }
 
+// bf16 B on x86 is widened by parity (LoadWideEven / LoadWideOdd: one bit operation per vector
+// where LoadWide takes a shuffle and a shift, which on AVX2 compete with the FMAs for the vector
+// pipes). The accumulators of a panel row then hold its columns in pair order: vector 2m the even
+// columns of the m-th run of 2 x kLanes, vector 2m + 1 the odd ones. They meet memory in column
+// order (bias, C) through GemvLoadRow / GemvUnpermute, once per tile; between chunks (GemvGroups'
+// part) they stay in pair order.
+template <class O, class TB>
+inline constexpr bool kGemvPairs = std::is_same_v<TB, detail::Bf16> &&
+                                   (CPUATTN_SIMD_BITS == 256 || CPUATTN_SIMD_BITS == 512);
+
+// Column of a panel held by lane i of accumulator vector j.
+template <class O, class TB>
+constexpr std::int64_t GemvColumn(int j, int i) {
+  if constexpr (kGemvPairs<O, TB>) return (j / 2) * 2 * O::kLanes + 2 * i + j % 2;
+  return j * O::kLanes + i;
+}
+
+// The accumulators of a panel row from kPanel floats in column order (vector-aligned).
+template <class O, class TB, int C>
+CPUATTN_ALWAYS_INLINE void GemvLoadRow(const float* src, typename O::V (&v)[C]) {
+  if constexpr (kGemvPairs<O, TB>) {
+    alignas(64) float tmp[C * O::kLanes];
+    for (int j = 0; j < C; ++j)
+      for (int i = 0; i < O::kLanes; ++i) tmp[j * O::kLanes + i] = src[GemvColumn<O, TB>(j, i)];
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) v[j] = O::Load(tmp + j * O::kLanes);
+  } else {
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) v[j] = O::Load(src + j * O::kLanes);
+  }
+}
+
+// The first `cols` columns of a panel row from accumulators in `acc_order` (C x kLanes floats in
+// the accumulators' order) to dst in column order.
+template <class O, class TB, int C>
+CPUATTN_ALWAYS_INLINE void GemvUnpermute(const float* acc_order, float* dst, std::int64_t cols) {
+  for (int j = 0; j < C; ++j) {
+    for (int i = 0; i < O::kLanes; ++i) {
+      const std::int64_t col = GemvColumn<O, TB>(j, i);
+      if (col < cols) dst[col] = acc_order[j * O::kLanes + i];
+    }
+  }
+}
+
 // Row k of NP adjacent panels (K rows each, from b) into acc for the R rows a of A; with
 // `prefetch`, the row `ahead` rows further of each panel as well.
 template <class O, int R, int NP, class TB>
@@ -78,15 +122,35 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       V av[R];
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) {
-        const V bv = LoadWide<O>(row + j * O::kLanes);
+      if constexpr (kGemvPairs<O, TB>) {
         CPUATTN_UNROLL(16)
-        for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
+        for (int j = 0; j < C; j += 2) {
+          const V even = LoadWideEven<O>(row + j * O::kLanes);
+          CPUATTN_UNROLL(16)
+          for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], even, acc[r][q][j]);
+          const V odd = LoadWideOdd<O>(row + j * O::kLanes);
+          CPUATTN_UNROLL(16)
+          for (int r = 0; r < R; ++r) acc[r][q][j + 1] = O::MulAdd(av[r], odd, acc[r][q][j + 1]);
+        }
+      } else {
+        CPUATTN_UNROLL(32)
+        for (int j = 0; j < C; ++j) {
+          const V bv = LoadWide<O>(row + j * O::kLanes);
+          CPUATTN_UNROLL(16)
+          for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
+        }
       }
     } else {
       V bv[C];
-      LoadWideN<O, C>(row, bv);
+      if constexpr (kGemvPairs<O, TB>) {
+        CPUATTN_UNROLL(16)
+        for (int j = 0; j < C; j += 2) {
+          bv[j] = LoadWideEven<O>(row + j * O::kLanes);
+          bv[j + 1] = LoadWideOdd<O>(row + j * O::kLanes);
+        }
+      } else {
+        LoadWideN<O, C>(row, bv);
+      }
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
         const V av = O::Set(a[r][k]);
@@ -122,8 +186,12 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int q = 0; q < NP; ++q) {
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) acc[r][q][j] = bias ? O::Load(bias + q * P + j * N) : O::Zero();
+      if (bias) {
+        GemvLoadRow<O, TB, C>(bias + q * P, acc[r][q]);
+      } else {
+        CPUATTN_UNROLL(32)
+        for (int j = 0; j < C; ++j) acc[r][q][j] = O::Zero();
+      }
     }
   }
   // The prefetches stay inside each panel: past its end lie the next panel's first rows, which
@@ -135,11 +203,12 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int q = 0; q < NP; ++q) {
-      const bool ragged = q == NP - 1 && cols < P;
-      float* dst = ragged ? tile : c[r] + q * P;
+      const std::int64_t valid = q == NP - 1 ? cols : P;
+      const bool direct = !kGemvPairs<O, TB> && valid == P;
+      float* dst = direct ? c[r] + q * P : tile;
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) O::StoreU(acc[r][q][j], dst + j * N);
-      if (ragged) std::copy(tile, tile + cols, c[r] + q * P);
+      if (!direct) GemvUnpermute<O, TB, C>(tile, c[r] + q * P, valid);
     }
   }
 }
@@ -159,11 +228,12 @@ CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RE
   V acc[R][1][C];
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j)
-      acc[r][0][j] = k0 > 0 ? O::Load(part + r * P + j * N)
-                     : bias ? O::Load(bias + j * N)
-                            : O::Zero();
+    if (k0 == 0 && bias) {
+      GemvLoadRow<O, TB, C>(bias, acc[r][0]);
+    } else {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][0][j] = k0 > 0 ? O::Load(part + r * P + j * N) : O::Zero();
+    }
   }
   const std::int64_t k_pf = prefetch ? std::clamp<std::int64_t>(K - ahead, k0, k1) : k0;
   for (std::int64_t k = k0; k < k_pf; ++k) GemvStep<O, R, 1, TB>(a, b, K, k, true, ahead, acc);
@@ -204,8 +274,10 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
       }
     }
     const std::int64_t cols = std::min(P, B.N - p * P);
-    for (int r = 0; r < M; ++r)
-      std::copy(part + r * P, part + r * P + cols, cbase[r] + (p - c0) * P);
+    for (int r = 0; r < M; ++r) {
+      GemvUnpermute<O, TB, static_cast<int>(P) / O::kLanes>(part + r * P, cbase[r] + (p - c0) * P,
+                                                            cols);
+    }
   }
 }
 
