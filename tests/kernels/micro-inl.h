@@ -121,6 +121,26 @@ void MicroWidenFp8Lo(const std::uint8_t* in, float* out, std::size_t n) {
   for (; i + N <= n; i += N) Ops::StoreU(LoadWide<Ops>(x + i), out + i);
 }
 
+bool MicroWidenBf16Parity(const std::uint16_t* in, float* out, std::size_t n) {
+#if CPUATTN_SIMD_BITS == 256 || CPUATTN_SIMD_BITS == 512
+  const auto* x = reinterpret_cast<const detail::Bf16*>(in);
+  constexpr std::size_t N = Ops::kLanes;
+  alignas(64) float even[N], odd[N];
+  for (std::size_t i = 0; i + 2 * N <= n; i += 2 * N) {
+    Ops::Store(LoadWideEven<Ops>(x + i), even);
+    Ops::Store(LoadWideOdd<Ops>(x + i), odd);
+    for (std::size_t l = 0; l < N; ++l) {
+      out[i + 2 * l] = even[l];
+      out[i + 2 * l + 1] = odd[l];
+    }
+  }
+  return true;
+#else
+  (void)in, (void)out, (void)n;
+  return false;
+#endif
+}
+
 void MicroPackQ(const detail::Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                 std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp) {
   PackQ<Ops>(p, b, h0, nh, pos0, rows, qscale, qs, qp);
@@ -199,6 +219,7 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .softmax_row = &MicroSoftmaxRow,
                                           .widen = &MicroWiden,
                                           .widen_fp8_lo = &MicroWidenFp8Lo,
+                                          .widen_bf16_parity = &MicroWidenBf16Parity,
                                           .pack_q = &MicroPackQ,
                                           .stream_dot = &MicroStreamDot,
                                           .stream_runs = &MicroStreamRuns,

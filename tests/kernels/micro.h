@@ -55,6 +55,9 @@ struct MicroKernels {
   // n fp8_e4m3 bytes read as Fp8E4M3Lo, the decode units' reading at 2^-120 of the value
   // (kv/fp8_e4m3.h: LoadWideN's pairs, then single vectors; n a whole number of vectors).
   void (*widen_fp8_lo)(const std::uint8_t* in, float* out, std::size_t n);
+  // n bf16 (a whole number of 2 x lanes) read by parity (kv/bf16.h LoadWideEven / LoadWideOdd,
+  // the GEMV's reading) and put back in element order; false on targets without those loads.
+  bool (*widen_bf16_parity)(const std::uint16_t* in, float* out, std::size_t n);
   // QUnit::f32 (q_pack-inl.h): rows of a query block into Qp, scaled, row stride qs.
   void (*pack_q)(const Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                  std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp);

@@ -108,6 +108,27 @@ TEST_P(Units, WideningMatchesTheScalarDefinition) {
   }
 }
 
+// bf16 read by parity (the GEMV's reading of bf16 weights on AVX2 and AVX-512): every bit pattern
+// at an even and at an odd position widens to exactly the scalar definition's value.
+TEST_P(Units, Bf16ParityWideningMatchesTheScalarDefinition) {
+  const auto& k = mk();
+  std::vector<std::uint16_t> in(2 * 65536);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<std::uint16_t>(i < 65536 ? i : (i * 40503u + 17) % 65536);
+  std::vector<float> out(in.size(), 7.0f);
+  if (!k.widen_bf16_parity(in.data(), out.data(), in.size()))
+    GTEST_SKIP() << "no parity loads on this target";
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const float want = detail::load_as_float(in.data(), DType::bf16, static_cast<std::int64_t>(i));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(out[i])) << "element " << i;
+    } else {
+      ASSERT_EQ(out[i], want) << "element " << i << " (bits " << in[i] << ")";
+      ASSERT_EQ(std::signbit(out[i]), std::signbit(want)) << "element " << i;
+    }
+  }
+}
+
 // Fp8E4M3Lo, the decode reading: every byte, at every position of a vector and of a pair, is
 // 2^-120 times its exact value (times 2^120 gives that value, sign of zero included), and a NaN
 // code reads as +-480 * 2^-120 or NaN (the units that read it find NaN codes themselves).
