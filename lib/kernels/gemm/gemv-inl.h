@@ -95,6 +95,28 @@ CPUATTN_ALWAYS_INLINE void GemvUnpermute(const float* acc_order, float* dst, std
   }
 }
 
+// Vector j of a panel row of B (`row`, kPanel elements) in the accumulators' order.
+template <class O, class TB>
+CPUATTN_ALWAYS_INLINE typename O::V GemvLoadB(const TB* row, int j) {
+  if constexpr (kGemvPairs<O, TB>) {
+    const TB* run = row + (j / 2) * 2 * O::kLanes;
+    return j % 2 == 0 ? LoadWideEven<O>(run) : LoadWideOdd<O>(run);
+  } else {
+    return LoadWide<O>(row + j * O::kLanes);
+  }
+}
+
+// A whole panel row of B in the accumulators' order.
+template <class O, class TB, int C>
+CPUATTN_ALWAYS_INLINE void GemvLoadBRow(const TB* row, typename O::V (&v)[C]) {
+  if constexpr (kGemvPairs<O, TB>) {
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) v[j] = GemvLoadB<O, TB>(row, j);
+  } else {
+    LoadWideN<O, C>(row, v);
+  }
+}
+
 // Row k of NP adjacent panels (K rows each, from b) into acc for the R rows a of A; with
 // `prefetch`, the row `ahead` rows further of each panel as well.
 template <class O, int R, int NP, class TB>
@@ -122,35 +144,15 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       V av[R];
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
-      if constexpr (kGemvPairs<O, TB>) {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) {
+        const V bv = GemvLoadB<O, TB>(row, j);
         CPUATTN_UNROLL(16)
-        for (int j = 0; j < C; j += 2) {
-          const V even = LoadWideEven<O>(row + j * O::kLanes);
-          CPUATTN_UNROLL(16)
-          for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], even, acc[r][q][j]);
-          const V odd = LoadWideOdd<O>(row + j * O::kLanes);
-          CPUATTN_UNROLL(16)
-          for (int r = 0; r < R; ++r) acc[r][q][j + 1] = O::MulAdd(av[r], odd, acc[r][q][j + 1]);
-        }
-      } else {
-        CPUATTN_UNROLL(32)
-        for (int j = 0; j < C; ++j) {
-          const V bv = LoadWide<O>(row + j * O::kLanes);
-          CPUATTN_UNROLL(16)
-          for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
-        }
+        for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
       }
     } else {
       V bv[C];
-      if constexpr (kGemvPairs<O, TB>) {
-        CPUATTN_UNROLL(16)
-        for (int j = 0; j < C; j += 2) {
-          bv[j] = LoadWideEven<O>(row + j * O::kLanes);
-          bv[j + 1] = LoadWideOdd<O>(row + j * O::kLanes);
-        }
-      } else {
-        LoadWideN<O, C>(row, bv);
-      }
+      GemvLoadBRow<O, TB, C>(row, bv);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
         const V av = O::Set(a[r][k]);
