@@ -37,8 +37,8 @@ struct Tiles<512> : BlockShape {
 };
 
 // AVX2, 16 registers: 6x2 accumulators + 2 operands + 1 broadcast in both micro-kernels. Dense
-// product: a 32-column panel is 4 vectors, 3 rows = 12 accumulators. The matrix-vector tile
-// has the same 3 rows: 12 accumulators + 3 broadcasts + 1 vector of B, which GemvStep loads one
+// product: a 32-column panel is 4 vectors, 3 rows = 12 accumulators + 3 broadcasts + 1 vector of
+// B, which its step (OuterStep) and the matrix-vector tile's (GemvStep, the same 3 rows) load one
 // at a time for so few rows (docs/performance.md#dm-gemv-groups).
 template <>
 struct Tiles<256> : BlockShape {

@@ -17,24 +17,45 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// `b` may be of a reduced-precision storage type (TB = Bf16, F16 or int8): each vector is widened
-// as it is loaded (simd/widen-inl.h) and serves all R rows.
+// One k: acc[r][j] += a[r * a_r] x b[j vectors], `b` of a reduced-precision storage type or f32
+// (TB = Bf16, F16 or int8 are widened as loaded, simd/widen-inl.h). Beside the R x C accumulators
+// the order keeps the smaller operand set live: R broadcasts and one vector of B at a time when
+// R < C, else B's C vectors and one broadcast at a time. AVX2's 3 x 4 dense-product tile needs the
+// first (12 + 3 + 1 of 16 registers): with B's 4 widened vectors held it needs 17, and GCC keeps an
+// accumulator on the stack, its FMA chain through a store and a reload every k.
+template <class O, int R, int C, class TB = float>
+CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64_t a_r,
+                                     const TB* CPUATTN_RESTRICT b, typename O::V (&acc)[R][C]) {
+  using V = typename O::V;
+  if constexpr (R < C) {
+    V av[R];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) av[r] = O::Set(a[r * a_r]);
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) {
+      const V bv = LoadWide<O>(b + j * O::kLanes);
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) acc[r][j] = O::MulAdd(av[r], bv, acc[r][j]);
+    }
+  } else {
+    V bv[C];
+    LoadWideN<O, C>(b, bv);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      const V av = O::Set(a[r * a_r]);
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][j] = O::MulAdd(av, bv[j], acc[r][j]);
+    }
+  }
+}
+
 template <class O, int R, int C, class TB = float>
 CPUATTN_ALWAYS_INLINE void AccumulateOuter(const float* CPUATTN_RESTRICT a, std::int64_t a_k,
                                            std::int64_t a_r, const TB* CPUATTN_RESTRICT b,
                                            std::int64_t b_stride, std::int64_t K,
                                            typename O::V (&acc)[R][C]) {
-  using V = typename O::V;
-  for (std::int64_t k = 0; k < K; ++k) {
-    V bv[C];
-    LoadWideN<O, C>(b + k * b_stride, bv);
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V av = O::Set(a[k * a_k + r * a_r]);
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) acc[r][j] = O::MulAdd(av, bv[j], acc[r][j]);
-    }
-  }
+  for (std::int64_t k = 0; k < K; ++k)
+    OuterStep<O, R, C, TB>(a + k * a_k, a_r, b + k * b_stride, acc);
 }
 
 CPUATTN_NAMESPACE_END

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/outer-inl.h"
 #include "kernels/gemm/gemm.h"
 #include "simd/contract.h"
 #include "simd/prefetch.h"
@@ -46,21 +47,13 @@ CPUATTN_ALWAYS_INLINE void AccumulatePanel(const float* CPUATTN_RESTRICT a, std:
                                            const TB* CPUATTN_RESTRICT b, std::int64_t b_stride,
                                            std::int64_t K, std::int64_t ahead,
                                            typename O::V (&acc)[R][C]) {
-  using V = typename O::V;
   const std::int64_t row_bytes = b_stride * static_cast<std::int64_t>(sizeof(TB));
   for (std::int64_t k = 0; k < K; ++k) {
     if (k + kGemmPrefetchRows < ahead) {
       const char* pf = reinterpret_cast<const char*>(b + (k + kGemmPrefetchRows) * b_stride);
       for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
     }
-    V bv[C];
-    LoadWideN<O, C>(b + k * b_stride, bv);
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      const V av = O::Set(a[k * a_k + r]);
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) acc[r][j] = O::MulAdd(av, bv[j], acc[r][j]);
-    }
+    OuterStep<O, R, C, TB>(a + k * a_k, 1, b + k * b_stride, acc);
   }
 }
 
