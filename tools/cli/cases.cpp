@@ -507,9 +507,13 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
     std::vector<float> w(K * N);
     fill(*x, 9);
     fill(w, 10);
-    auto lin = std::make_shared<Linear>(f32_view(w.data(), {K, N}));
+    const bool half = weights == DType::bf16;
+    std::vector<std::uint16_t> wh(half ? w.size() : 0);
+    for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = to_bf16(w[i]);
+    auto lin = std::make_shared<Linear>(
+        half ? TensorView::contiguous(wh.data(), DType::bf16, {K, N}) : f32_view(w.data(), {K, N}));
     Case c{"L1",
-           "Linear M4096 K768 N2304",
+           std::string("Linear M4096 K768 N2304") + (half ? " bf16 weights" : ""),
            2.0 * M * K * N,
            0,
            false,
@@ -517,14 +521,14 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
              lin->forward(f32_view(x->data(), {M, K}), f32_view(y->data(), {M, N}), &ctx);
            },
            {}};
-    c.parts = {{c.flops, 4.0 * (M * K + K * N + M * N), 1, 1}};
+    c.parts = {{c.flops, 4.0 * (M * K + M * N) + (half ? 2.0 : 4.0) * K * N, 1, 1}};
     return c;
   }
   const bool decoder = name == "M1rope" || name == "M2rope";
   const std::string plus = decoder ? " +rope+qknorm" : "";
   if (name == "M1" || name == "M1rope") {  // self-attention layer, B 8, L 512
     const std::int64_t B = 8, L = 512;
-    auto layer = bench_layer(DType::f32, decoder);
+    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32, decoder);
     auto x = std::make_shared<std::vector<float>>(B * L * kDm);
     auto out = std::make_shared<std::vector<float>>(B * L * kDm);
     fill(*x, 11);
