@@ -528,7 +528,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
   const std::string plus = decoder ? " +rope+qknorm" : "";
   if (name == "M1" || name == "M1rope") {  // self-attention layer, B 8, L 512
     const std::int64_t B = 8, L = 512;
-    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32, decoder);
+    auto layer = bench_layer(weights, decoder);
     auto x = std::make_shared<std::vector<float>>(B * L * kDm);
     auto out = std::make_shared<std::vector<float>>(B * L * kDm);
     fill(*x, 11);
@@ -550,7 +550,7 @@ std::optional<Case> layer_case(const std::string& name, DType kv_dtype, DType we
   }
   if (name == "M2" || name == "M2rope") {  // one new token per sequence, 8 sequences, 4096 cached
     const std::int64_t B = 8;
-    auto layer = bench_layer(weights == DType::bf16 ? DType::bf16 : DType::f32, decoder);
+    auto layer = bench_layer(weights, decoder);
     auto cache = std::make_shared<KvCache>(layer->make_cache(B, kTokens + 1, false, kv_dtype));
     // Fill the cache with kTokens tokens once; each timed step appends one and is then rolled
     // back, so every run attends to 4097 tokens.

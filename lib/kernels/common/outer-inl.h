@@ -17,17 +17,22 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// The operand order of one k step beside R x C vector accumulators (OuterStep, GemvStep): the
+// smaller operand set stays live. True: R broadcasts of A held and one vector of B at a time;
+// false: B's C vectors held and one broadcast at a time. AVX2's 3 x 4 dense-product tile needs
+// the first (12 + 3 + 1 of 16 registers): with B's 4 widened vectors held it needs 17, and GCC
+// keeps an accumulator on the stack, its FMA chain through a store and a reload every k.
+// AVX-512's 12 x 2 needs the second (24 + 2 + 1 of 32; 12 broadcasts held would spill).
+template <int R, int C>
+inline constexpr bool kBroadcastsFirst = R < C;
+
 // One k: acc[r][j] += a[r * a_r] x b[j vectors], `b` of a reduced-precision storage type or f32
-// (TB = Bf16, F16 or int8 are widened as loaded, simd/widen-inl.h). Beside the R x C accumulators
-// the order keeps the smaller operand set live: R broadcasts and one vector of B at a time when
-// R < C, else B's C vectors and one broadcast at a time. AVX2's 3 x 4 dense-product tile needs the
-// first (12 + 3 + 1 of 16 registers): with B's 4 widened vectors held it needs 17, and GCC keeps an
-// accumulator on the stack, its FMA chain through a store and a reload every k.
+// (TB = Bf16, F16 or int8 are widened as loaded, simd/widen-inl.h).
 template <class O, int R, int C, class TB = float>
 CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64_t a_r,
                                      const TB* CPUATTN_RESTRICT b, typename O::V (&acc)[R][C]) {
   using V = typename O::V;
-  if constexpr (R < C) {
+  if constexpr (kBroadcastsFirst<R, C>) {
     V av[R];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) av[r] = O::Set(a[r * a_r]);

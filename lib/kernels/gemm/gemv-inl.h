@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/outer-inl.h"
 #include "kernels/gemm/gemm.h"
 #include "simd/contract.h"
 #include "simd/prefetch.h"
@@ -128,11 +129,6 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   constexpr int C = static_cast<int>(P) / O::kLanes;
   constexpr std::int64_t row_bytes = P * static_cast<std::int64_t>(sizeof(TB));
-  // Beside the R x NP x C accumulators, the order that keeps fewer operands live: R broadcasts
-  // of A and one vector of B at a time when R < C, else a panel row of B (C vectors) and one
-  // broadcast at a time. On AVX2 (16 registers, C = 4) that is what lets 3 rows fit: 12 + 3 + 1
-  // values where the panel row first needs 12 + 4 + 1; AVX-512's 12 rows (C = 2) need the panel
-  // row first (24 + 2 + 1 of 32 registers; 12 broadcasts held at once would spill accumulators).
   CPUATTN_UNROLL(4)
   for (int q = 0; q < NP; ++q) {
     const TB* row = b + (q * K + k) * P;
@@ -140,7 +136,7 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       const char* pf = reinterpret_cast<const char*>(row + ahead * P);
       for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
     }
-    if constexpr (R < C) {
+    if constexpr (kBroadcastsFirst<R, C>) {
       V av[R];
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
