@@ -547,8 +547,11 @@ namespace {
 // values: the products must be bitwise equal, on every target.
 TEST(LinearBf16, BitwiseEqualToF32WeightsOfTheSameValues) {
   for (const Backend& be : machine_backends()) {
-    for (auto [M, K, N] :
-         {std::array<std::int64_t, 3>{1, 768, 2304}, {13, 300, 33}, {100, 17, 70}, {3, 1000, 5}}) {
+    for (auto [M, K, N] : {std::array<std::int64_t, 3>{1, 768, 2304},
+                           {13, 300, 33},
+                           {100, 17, 70},
+                           {3, 1000, 5},
+                           {40, 600, 97}}) {
       SCOPED_TRACE(be.name() + " M" + std::to_string(M) + " K" + std::to_string(K) + " N" +
                    std::to_string(N));
       auto w = random_floats(K * N, 51);

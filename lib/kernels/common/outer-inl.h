@@ -26,9 +26,22 @@ CPUATTN_NAMESPACE_BEGIN
 template <int R, int C>
 inline constexpr bool kBroadcastsFirst = R < C;
 
+// B's vectors in memory order: vector j alone, or all C of them. The dense product passes its own
+// order for bf16 panels instead (PanelOrder, kernels/gemm/panel_order-inl.h).
+struct ColumnOrder {
+  template <class O, class TB>
+  static CPUATTN_ALWAYS_INLINE typename O::V One(const TB* b, int j) {
+    return LoadWide<O>(b + j * O::kLanes);
+  }
+  template <class O, class TB, int C>
+  static CPUATTN_ALWAYS_INLINE void Row(const TB* b, typename O::V (&v)[C]) {
+    LoadWideN<O, C>(b, v);
+  }
+};
+
 // One k: acc[r][j] += a[r * a_r] x b[j vectors], `b` of a reduced-precision storage type or f32
-// (TB = Bf16, F16 or int8 are widened as loaded, simd/widen-inl.h).
-template <class O, int R, int C, class TB = float>
+// (TB = Bf16, F16 or int8 are widened as loaded, simd/widen-inl.h), its vectors in Order.
+template <class O, int R, int C, class TB = float, class Order = ColumnOrder>
 CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64_t a_r,
                                      const TB* CPUATTN_RESTRICT b, typename O::V (&acc)[R][C]) {
   using V = typename O::V;
@@ -38,13 +51,13 @@ CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64
     for (int r = 0; r < R; ++r) av[r] = O::Set(a[r * a_r]);
     CPUATTN_UNROLL(32)
     for (int j = 0; j < C; ++j) {
-      const V bv = LoadWide<O>(b + j * O::kLanes);
+      const V bv = Order::template One<O, TB>(b, j);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) acc[r][j] = O::MulAdd(av[r], bv, acc[r][j]);
     }
   } else {
     V bv[C];
-    LoadWideN<O, C>(b, bv);
+    Order::template Row<O, TB, C>(b, bv);
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       const V av = O::Set(a[r * a_r]);

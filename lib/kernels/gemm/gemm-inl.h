@@ -23,6 +23,7 @@
 
 #include "kernels/common/outer-inl.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/panel_order-inl.h"
 #include "simd/contract.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
@@ -53,17 +54,19 @@ CPUATTN_ALWAYS_INLINE void AccumulatePanel(const float* CPUATTN_RESTRICT a, std:
       const char* pf = reinterpret_cast<const char*>(b + (k + kGemmPrefetchRows) * b_stride);
       for (std::int64_t off = 0; off < row_bytes; off += 64) detail::Prefetch<3>(pf + off);
     }
-    OuterStep<O, R, C, TB>(a + k * a_k, 1, b + k * b_stride, acc);
+    OuterStep<O, R, C, TB, PanelOrder>(a + k * a_k, 1, b + k * b_stride, acc);
   }
 }
 
 // C rows [0, R) x one panel (32 columns) += Ap micro-panel . B panel rows [k0, k0 + kc), with
 // `ahead` rows of B existing past bp. `init` is the starting value: the bias panel (first k block
 // with a bias), nullptr for zero on the first k block, or C itself (load_c) for later k blocks.
+// Between k blocks C holds the panel in the accumulators' order (kernels/gemm/panel_order-inl.h);
+// the `last` block stores it in column order.
 template <class O, int R, class TB>
 CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* CPUATTN_RESTRICT bp,
                                     std::int64_t kc, std::int64_t ahead, float* const* c,
-                                    const float* bias, bool load_c) {
+                                    const float* bias, bool load_c, bool last) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(detail::PackedMatrix::kPanel) / N;
@@ -71,44 +74,37 @@ CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* 
   V acc[R][C];
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) {
-      acc[r][j] = load_c ? O::LoadU(c[r] + j * N) : bias ? O::Load(bias + j * N) : O::Zero();
+    if (load_c) {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][j] = O::LoadU(c[r] + j * N);
+    } else if (bias) {
+      LoadPanelRow<O, TB, C>(bias, acc[r]);
+    } else {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) acc[r][j] = O::Zero();
     }
   }
   AccumulatePanel<O, R, C, TB>(ap, MR, bp, detail::PackedMatrix::kPanel, kc, ahead, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) O::StoreU(acc[r][j], c[r] + j * N);
+    if (kPairOrder<TB> && last) {
+      alignas(64) float tmp[C * N];
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) O::Store(acc[r][j], tmp + j * N);
+      UnpermutePanelRow<O, TB, C>(tmp, c[r], detail::PackedMatrix::kPanel);
+    } else {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) O::StoreU(acc[r][j], c[r] + j * N);
+    }
   }
 }
 
 template <class O, class TB>
 void GemmRows(int R, const float* ap, const TB* bp, std::int64_t kc, std::int64_t ahead,
-              float* const* c, const float* bias, bool load_c) {
-  static_assert(O::kGemmRows <= 12, "extend the switch below");
-  switch (R) {
-#define CPUATTN_GEMM_CASE(n)                                                                 \
-  case n:                                                                                    \
-    if constexpr (n <= O::kGemmRows) GemmTile<O, n, TB>(ap, bp, kc, ahead, c, bias, load_c); \
-    break;
-    CPUATTN_GEMM_CASE(1)
-    CPUATTN_GEMM_CASE(2)
-    CPUATTN_GEMM_CASE(3)
-    CPUATTN_GEMM_CASE(4)
-    CPUATTN_GEMM_CASE(5)
-    CPUATTN_GEMM_CASE(6)
-    CPUATTN_GEMM_CASE(7)
-    CPUATTN_GEMM_CASE(8)
-    CPUATTN_GEMM_CASE(9)
-    CPUATTN_GEMM_CASE(10)
-    CPUATTN_GEMM_CASE(11)
-    CPUATTN_GEMM_CASE(12)
-#undef CPUATTN_GEMM_CASE
-    default:
-      break;
-  }
+              float* const* c, const float* bias, bool load_c, bool last) {
+  detail::WithCount<O::kGemmRows>(R, [&](auto r_tag) {
+    GemmTile<O, decltype(r_tag)::value, TB>(ap, bp, kc, ahead, c, bias, load_c, last);
+  });
 }
 
 template <class O>
@@ -125,9 +121,9 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   const std::int64_t p1 = std::min(g.p_end, p0 + g.panel_block);
   const std::int64_t micro = (rows + MR - 1) / MR;
 
-  // Ap: micro-panels [micro][K][MR]; then one tile [MR][P] for the ragged last panel.
+  // Ap: micro-panels [micro][K][MR]; then a tile [micro * MR][P] for the ragged last panel.
   const std::int64_t ap_floats = (micro * K * MR + 15) / 16 * 16;
-  float* ap = scratch.get(static_cast<std::size_t>(ap_floats + MR * P));
+  float* ap = scratch.get(static_cast<std::size_t>(ap_floats + micro * MR * P));
   float* tile = ap + ap_floats;
   // Writes run sequentially through Ap, reads along MR rows at once: a row at a time instead
   // strides the writes by MR floats (docs/performance.md#dm-gemm-pack-a).
@@ -156,6 +152,7 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
         const int R = static_cast<int>(std::min(MR, rows - i * MR));
         const float* a = ap + i * K * MR + k0 * MR;
         const float* init = k0 == 0 ? bias : nullptr;
+        const bool last = k0 + kc == K;
         // Rows of B past this block's first, to the end of the matrix (the panels are adjacent):
         // prefetched by the first micro-panel only, which brings the block into L1 for the rest.
         const std::int64_t ahead = i == 0 ? (B.panels - p) * K - k0 : 0;
@@ -165,26 +162,22 @@ void GemmTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
           if (B.dtype == DType::bf16) {
             GemmRows<O, detail::Bf16>(
                 R, a, reinterpret_cast<const detail::Bf16*>(B.panel_bf16(p) + k0 * P), kc, ahead,
-                out, init, k0 > 0);
+                out, init, k0 > 0, last);
           } else {
-            GemmRows<O, float>(R, a, B.panel(p) + k0 * P, kc, ahead, out, init, k0 > 0);
+            GemmRows<O, float>(R, a, B.panel(p) + k0 * P, kc, ahead, out, init, k0 > 0, last);
           }
         };
         if (cols == P) {
           rows_of_b(crow);
         } else {
-          // The last panel is narrower than the vectors: go through a full-width tile so no
-          // store touches C past column N.
+          // The last panel is narrower than the vectors: its sums live in a full-width tile over
+          // every k block, so no store touches C past column N, and go to C after the last.
           float* trow[MR];
-          for (int r = 0; r < R; ++r) {
-            trow[r] = tile + r * P;
-            if (k0 > 0) {
-              std::copy(crow[r], crow[r] + cols, trow[r]);
-              std::fill(trow[r] + cols, trow[r] + P, 0.0f);
-            }
-          }
+          for (int r = 0; r < R; ++r) trow[r] = tile + (i * MR + r) * P;
           rows_of_b(trow);
-          for (int r = 0; r < R; ++r) std::copy(trow[r], trow[r] + cols, crow[r]);
+          if (last) {
+            for (int r = 0; r < R; ++r) std::copy(trow[r], trow[r] + cols, crow[r]);
+          }
         }
       }
     }

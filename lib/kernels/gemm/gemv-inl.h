@@ -29,6 +29,7 @@
 
 #include "kernels/common/outer-inl.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/panel_order-inl.h"
 #include "simd/contract.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
@@ -50,72 +51,6 @@ inline constexpr std::int64_t kGemvChunkBytes = 16384;
 constexpr int GemvPanels(int R, int lanes) {
   const int per_panel = R * static_cast<int>(detail::PackedMatrix::kPanel) / lanes;
   return std::clamp((8 + per_panel - 1) / per_panel, 1, 4);
-}
-
-// bf16 B on x86 is widened by parity (LoadWideEven / LoadWideOdd: one bit operation per vector
-// where LoadWide takes a shuffle and a shift, which on AVX2 compete with the FMAs for the vector
-// pipes). The accumulators of a panel row then hold its columns in pair order: vector 2m the even
-// columns of the m-th run of 2 x kLanes, vector 2m + 1 the odd ones. They meet memory in column
-// order (bias, C) through GemvLoadRow / GemvUnpermute, once per tile; between chunks (GemvGroups'
-// part) they stay in pair order.
-template <class O, class TB>
-inline constexpr bool kGemvPairs = std::is_same_v<TB, detail::Bf16> &&
-                                   (CPUATTN_SIMD_BITS == 256 || CPUATTN_SIMD_BITS == 512);
-
-// Column of a panel held by lane i of accumulator vector j.
-template <class O, class TB>
-constexpr std::int64_t GemvColumn(int j, int i) {
-  if constexpr (kGemvPairs<O, TB>) return (j / 2) * 2 * O::kLanes + 2 * i + j % 2;
-  return j * O::kLanes + i;
-}
-
-// The accumulators of a panel row from kPanel floats in column order (vector-aligned).
-template <class O, class TB, int C>
-CPUATTN_ALWAYS_INLINE void GemvLoadRow(const float* src, typename O::V (&v)[C]) {
-  if constexpr (kGemvPairs<O, TB>) {
-    alignas(64) float tmp[C * O::kLanes];
-    for (int j = 0; j < C; ++j)
-      for (int i = 0; i < O::kLanes; ++i) tmp[j * O::kLanes + i] = src[GemvColumn<O, TB>(j, i)];
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) v[j] = O::Load(tmp + j * O::kLanes);
-  } else {
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) v[j] = O::Load(src + j * O::kLanes);
-  }
-}
-
-// The first `cols` columns of a panel row from accumulators in `acc_order` (C x kLanes floats in
-// the accumulators' order) to dst in column order.
-template <class O, class TB, int C>
-CPUATTN_ALWAYS_INLINE void GemvUnpermute(const float* acc_order, float* dst, std::int64_t cols) {
-  for (int j = 0; j < C; ++j) {
-    for (int i = 0; i < O::kLanes; ++i) {
-      const std::int64_t col = GemvColumn<O, TB>(j, i);
-      if (col < cols) dst[col] = acc_order[j * O::kLanes + i];
-    }
-  }
-}
-
-// Vector j of a panel row of B (`row`, kPanel elements) in the accumulators' order.
-template <class O, class TB>
-CPUATTN_ALWAYS_INLINE typename O::V GemvLoadB(const TB* row, int j) {
-  if constexpr (kGemvPairs<O, TB>) {
-    const TB* run = row + (j / 2) * 2 * O::kLanes;
-    return j % 2 == 0 ? LoadWideEven<O>(run) : LoadWideOdd<O>(run);
-  } else {
-    return LoadWide<O>(row + j * O::kLanes);
-  }
-}
-
-// A whole panel row of B in the accumulators' order.
-template <class O, class TB, int C>
-CPUATTN_ALWAYS_INLINE void GemvLoadBRow(const TB* row, typename O::V (&v)[C]) {
-  if constexpr (kGemvPairs<O, TB>) {
-    CPUATTN_UNROLL(32)
-    for (int j = 0; j < C; ++j) v[j] = GemvLoadB<O, TB>(row, j);
-  } else {
-    LoadWideN<O, C>(row, v);
-  }
 }
 
 // Row k of NP adjacent panels (K rows each, from b) into acc for the R rows a of A; with
@@ -142,13 +77,13 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) {
-        const V bv = GemvLoadB<O, TB>(row, j);
+        const V bv = PanelOrder::One<O, TB>(row, j);
         CPUATTN_UNROLL(16)
         for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
       }
     } else {
       V bv[C];
-      GemvLoadBRow<O, TB, C>(row, bv);
+      PanelOrder::Row<O, TB, C>(row, bv);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
         const V av = O::Set(a[r][k]);
@@ -185,7 +120,7 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
     CPUATTN_UNROLL(4)
     for (int q = 0; q < NP; ++q) {
       if (bias) {
-        GemvLoadRow<O, TB, C>(bias + q * P, acc[r][q]);
+        LoadPanelRow<O, TB, C>(bias + q * P, acc[r][q]);
       } else {
         CPUATTN_UNROLL(32)
         for (int j = 0; j < C; ++j) acc[r][q][j] = O::Zero();
@@ -202,11 +137,11 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
     CPUATTN_UNROLL(4)
     for (int q = 0; q < NP; ++q) {
       const std::int64_t valid = q == NP - 1 ? cols : P;
-      const bool direct = !kGemvPairs<O, TB> && valid == P;
+      const bool direct = !kPairOrder<TB> && valid == P;
       float* dst = direct ? c[r] + q * P : tile;
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) O::StoreU(acc[r][q][j], dst + j * N);
-      if (!direct) GemvUnpermute<O, TB, C>(tile, c[r] + q * P, valid);
+      if (!direct) UnpermutePanelRow<O, TB, C>(tile, c[r] + q * P, valid);
     }
   }
 }
@@ -227,7 +162,7 @@ CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RE
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     if (k0 == 0 && bias) {
-      GemvLoadRow<O, TB, C>(bias, acc[r][0]);
+      LoadPanelRow<O, TB, C>(bias, acc[r][0]);
     } else {
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) acc[r][0][j] = k0 > 0 ? O::Load(part + r * P + j * N) : O::Zero();
@@ -273,8 +208,8 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
     }
     const std::int64_t cols = std::min(P, B.N - p * P);
     for (int r = 0; r < M; ++r) {
-      GemvUnpermute<O, TB, static_cast<int>(P) / O::kLanes>(part + r * P, cbase[r] + (p - c0) * P,
-                                                            cols);
+      UnpermutePanelRow<O, TB, static_cast<int>(P) / O::kLanes>(part + r * P,
+                                                                cbase[r] + (p - c0) * P, cols);
     }
   }
 }
