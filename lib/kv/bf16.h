@@ -65,11 +65,10 @@ CPUATTN_ALWAYS_INLINE typename O::V LoadWide(const detail::Bf16* p) {
 #if CPUATTN_SIMD_BITS == 256 || CPUATTN_SIMD_BITS == 512
 // Of the 2 x kLanes elements at p, the even ones (LoadWideEven: lane i is p[2 i]) or the odd ones
 // (LoadWideOdd: p[2 i + 1]). A pair is one 32-bit lane: its low half, the even element, shifted
-// up; its high half, the odd element's f32 bits in place, with the low half cleared (a mask on
-// AVX-512; two shifts on AVX2, where a mask would take the 16th register that a 3 x 4 tile's 12
-// accumulators and 3 broadcasts leave to the widened vector). One or two bit operations per
-// vector where LoadWide spends a widening shuffle and a shift. A kernel that wants both calls the
-// two in turn: the second load hits L1, and no register holds the pair in between.
+// up; its high half, the odd element's f32 bits in place, with the low half cleared by a mask.
+// One bit operation per vector where LoadWide spends a widening shuffle and a shift. A kernel
+// that wants both calls the two in turn: the second load hits L1, and no register holds the pair
+// in between.
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V LoadWideEven(const detail::Bf16* p) {
 #if CPUATTN_SIMD_BITS == 512
@@ -86,8 +85,17 @@ CPUATTN_ALWAYS_INLINE typename O::V LoadWideOdd(const detail::Bf16* p) {
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   return O::FromRaw(_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), high)));
 #else
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return O::FromRaw(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(w, 16), 16)));
+  // On AVX2 the mask is vpand's memory operand: in a register it would be the 17th that a 3 x 4
+  // tile (12 accumulators, 3 broadcasts, the widened vector) needs, and GCC then keeps an
+  // accumulator on the stack. The asm keeps the compiler from hoisting the mask into a register.
+  // Two shifts instead would run on the two pipes that the broadcasts and half the FMAs share
+  // (Zen 3), where vpand runs on any of the four.
+  alignas(32) static constexpr std::uint32_t kHigh[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                                         0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                                         0xffff0000u, 0xffff0000u};
+  __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  asm("vpand %1, %0, %0" : "+x"(w) : "m"(*reinterpret_cast<const __m256i*>(kHigh)));
+  return O::FromRaw(_mm256_castsi256_ps(w));
 #endif
 }
 #endif
