@@ -9,7 +9,8 @@
 //     32 KiB, stays in the 48 KiB L1d while every micro-panel of the task sweeps it;
 //   * the micro-kernel keeps kGemmRows x 32 accumulators in registers (12 x 2 vectors on
 //     AVX-512: 24 of the 32 registers, plus 2 for B and 1 broadcast): per k, 2 aligned loads,
-//     12 broadcasts and 24 FMAs.
+//     12 broadcasts and 24 FMAs. bf16 panels are widened as loaded, on AVX2 and AVX-512 by
+//     parity: the accumulators then hold a panel row in pair order (kernels/gemm/panel_order-inl.h).
 // Every C element is bias + sum over k in increasing k blocks, whatever the task blocking.
 #if defined(CPUATTN_KERNELS_GEMM_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_GEMM_GEMM_INL_H_
