@@ -10,7 +10,8 @@
 //   * the micro-kernel keeps kGemmRows x 32 accumulators in registers (12 x 2 vectors on
 //     AVX-512: 24 of the 32 registers, plus 2 for B and 1 broadcast): per k, 2 aligned loads,
 //     12 broadcasts and 24 FMAs. bf16 panels are widened as loaded, on AVX2 and AVX-512 by
-//     parity: the accumulators then hold a panel row in pair order (kernels/gemm/panel_order-inl.h).
+//     parity: the accumulators then hold a panel row in pair order
+//     (kernels/gemm/panel_order-inl.h).
 // Every C element is bias + sum over k in increasing k blocks, whatever the task blocking.
 #if defined(CPUATTN_KERNELS_GEMM_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_GEMM_GEMM_INL_H_
@@ -88,11 +89,8 @@ CPUATTN_ALWAYS_INLINE void GemmTile(const float* CPUATTN_RESTRICT ap, const TB* 
   AccumulatePanel<O, R, C, TB>(ap, MR, bp, detail::PackedMatrix::kPanel, kc, ahead, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
-    if (kPairOrder<TB> && last) {
-      alignas(64) float tmp[C * N];
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) O::Store(acc[r][j], tmp + j * N);
-      UnpermutePanelRow<O, TB, C>(tmp, c[r], detail::PackedMatrix::kPanel);
+    if (last) {
+      StorePanelRow<O, TB, C>(acc[r], c[r], detail::PackedMatrix::kPanel);
     } else {
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) O::StoreU(acc[r][j], c[r] + j * N);

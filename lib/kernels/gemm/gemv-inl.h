@@ -103,12 +103,11 @@ constexpr std::int64_t GemvAhead() {
 }
 
 // C rows [0, R) x panels [0, NP) from `b` (NP adjacent panels of K rows) and the rows `a` of A.
-// `cols` are the valid columns of the last panel (kPanel unless it is the matrix's last); `tile`
-// receives that panel when it is ragged, so no store passes column N.
+// `cols` are the valid columns of the last panel (kPanel unless it is the matrix's last).
 template <class O, int R, int NP, class TB>
 CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RESTRICT b,
                                     std::int64_t K, float* const* c, const float* bias,
-                                    std::int64_t cols, float* tile) {
+                                    std::int64_t cols) {
   using V = typename O::V;
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   constexpr int N = O::kLanes;
@@ -136,12 +135,7 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(4)
     for (int q = 0; q < NP; ++q) {
-      const std::int64_t valid = q == NP - 1 ? cols : P;
-      const bool direct = !kPairOrder<TB> && valid == P;
-      float* dst = direct ? c[r] + q * P : tile;
-      CPUATTN_UNROLL(32)
-      for (int j = 0; j < C; ++j) O::StoreU(acc[r][q][j], dst + j * N);
-      if (!direct) UnpermutePanelRow<O, TB, C>(tile, c[r] + q * P, valid);
+      StorePanelRow<O, TB, C>(acc[r][q], c[r] + q * P, q == NP - 1 ? cols : P);
     }
   }
 }
@@ -219,7 +213,7 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
 // C's column 0 is panel c0's.
 template <class O, int R, class TB>
 void GemvRowsOf(const float* const* a, const detail::PackedMatrix& B, const TB* b0, std::int64_t p0,
-                std::int64_t p1, std::int64_t c0, float* const* cbase, float* tile) {
+                std::int64_t p1, std::int64_t c0, float* const* cbase) {
   constexpr int NP = GemvPanels(R, O::kLanes);
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   const std::int64_t K = B.K;
@@ -230,7 +224,7 @@ void GemvRowsOf(const float* const* a, const detail::PackedMatrix& B, const TB* 
     for (int r = 0; r < R; ++r) c[r] = cbase[r] + (p - c0) * P;
     const float* bias = B.has_bias ? B.bias.data() + p * P : nullptr;
     const std::int64_t cols = std::min(P, B.N - (p + np - 1) * P);
-    GemvTile<O, R, np, TB>(a, b0 + p * K * P, K, c, bias, cols, tile);
+    GemvTile<O, R, np, TB>(a, b0 + p * K * P, K, c, bias, cols);
   };
   for (; p + NP <= p1; p += NP) run(std::integral_constant<int, NP>{}, p);
   for (; p < p1; ++p) run(std::integral_constant<int, 1>{}, p);
@@ -244,7 +238,8 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   const detail::PackedMatrix& B = *g.b;
   const std::int64_t p0 = g.p_begin + (t % g.panel_tasks) * g.panel_block;
   const std::int64_t p1 = std::min(g.p_end, p0 + g.panel_block);
-  float* tile = scratch.get(static_cast<std::size_t>(P * detail::kGemvRows));
+  // GemvGroups' partial sums: kPanel floats per row.
+  float* part = scratch.get(static_cast<std::size_t>(P * detail::kGemvRows));
   const float* a[detail::kGemvRows];
   float* c[detail::kGemvRows];
   for (std::int64_t r = 0; r < g.M; ++r) {
@@ -254,11 +249,11 @@ void GemvTask(const detail::GemmProblem& g, std::int64_t t, detail::Scratch& scr
   // Rows beyond one tile go in groups; B as stored (bf16 or f32).
   const auto run = [&](const auto* b0) {
     if (g.M > O::kGemvRows) {
-      GemvGroups<O>(a, static_cast<int>(g.M), B, b0, p0, p1, g.p_begin, c, tile);
+      GemvGroups<O>(a, static_cast<int>(g.M), B, b0, p0, p1, g.p_begin, c, part);
       return;
     }
     detail::WithCount<O::kGemvRows>(g.M, [&](auto r_tag) {
-      GemvRowsOf<O, decltype(r_tag)::value>(a, B, b0, p0, p1, g.p_begin, c, tile);
+      GemvRowsOf<O, decltype(r_tag)::value>(a, B, b0, p0, p1, g.p_begin, c);
     });
   };
   if (B.dtype == DType::bf16) {

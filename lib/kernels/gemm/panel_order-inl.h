@@ -88,6 +88,23 @@ CPUATTN_ALWAYS_INLINE void UnpermutePanelRow(const float* acc_order, float* dst,
   }
 }
 
+// The first `cols` columns of a panel row's accumulators to dst in column order: plain stores when
+// they are already in that order and the row is whole, else through a buffer so no store passes
+// column `cols`.
+template <class O, class TB, int C>
+CPUATTN_ALWAYS_INLINE void StorePanelRow(const typename O::V (&v)[C], float* dst,
+                                         std::int64_t cols) {
+  if (!kPairOrder<TB> && cols == detail::PackedMatrix::kPanel) {
+    CPUATTN_UNROLL(32)
+    for (int j = 0; j < C; ++j) O::StoreU(v[j], dst + j * O::kLanes);
+    return;
+  }
+  alignas(64) float tmp[C * O::kLanes];
+  CPUATTN_UNROLL(32)
+  for (int j = 0; j < C; ++j) O::Store(v[j], tmp + j * O::kLanes);
+  UnpermutePanelRow<O, TB, C>(tmp, dst, cols);
+}
+
 CPUATTN_NAMESPACE_END
 
 #endif  // CPUATTN_KERNELS_GEMM_PANEL_ORDER_INL_H_
