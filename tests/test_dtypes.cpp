@@ -283,6 +283,35 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
   check_case(c, GetParam());
 }
 
+// Decoding steps over bf16 K/V with 1..8 query rows per K/V head: the streamed dot takes rows and
+// keys in register tiles of up to 4 x 4 (each row's sum in several partial chains, Dot4), the P V
+// runs read V in 16-key steps and two-vector column chunks (Dv 72 and 20: a last chunk of one
+// vector, or a vector tail). Odd key counts, windows that leave rows with no key, both layouts,
+// and split keys (Lk 1100 with one sequence).
+TEST_P(DtypeGrid, Bf16DecodingRowsKeysAndColumns) {
+  int n = 0;
+  for (std::int64_t group : {1, 3, 4, 8})
+    for (std::int64_t Lk : {1, 3, 31, 129, 1100})
+      for (std::int64_t Dv : {16, 48, 72, 96, 20}) {
+        Case c;
+        c.kv_dtype = DType::bf16;
+        c.B = Lk == 1100 ? 1 : 2, c.Hkv = 2, c.H = 2 * group, c.Lq = 1, c.Lk = Lk;
+        c.D = (n / 3) % 3 == 0 ? 40 : (n / 3) % 3 == 1 ? 128 : 19;
+        c.Dv = Dv;
+        c.mask = n % 3 == 1 ? MaskCase::key_lengths : MaskCase::none;
+        if (n % 3 == 2) c.window_left = 5, c.window_right = 0;
+        c.misalign = n % 2;
+        c.blhd = n % 4 == 3;
+        ++n;
+        if (grid_case_runs(n, 2)) check_case(c, GetParam());
+      }
+  Case c;
+  c.kv_dtype = DType::bf16;
+  c.B = 1, c.H = 4, c.Hkv = 2, c.Lq = 1, c.Lk = 140, c.D = 33, c.Dv = 64;
+  c.specials = true;
+  check_case(c, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeGrid, ::testing::ValuesIn(native_and_machine_backends()),
                          [](const auto& info) { return info.param.name(); });
 
