@@ -187,10 +187,16 @@ void ScalePByVScales(const detail::Problem& p, std::int64_t b, std::int64_t hk, 
   }
 }
 
-// Keys per step of PvBlockRuns: every column chunk of these rows before the next rows, so V is
-// read front to back in 16-key runs (2-8 KiB at Dv 128, in L1 while its chunks are read) instead
-// of one column chunk of the whole block at a time (docs/performance.md#dm-stream-keys).
+// Keys per step of the streamed P V runs: every column chunk of these rows before the next rows,
+// so V is read front to back in runs that stay in L1 while their chunks are read (8 KiB of f32 at
+// Dv 128) instead of one column chunk of the whole block at a time
+// (docs/performance.md#dm-stream-keys).
 inline constexpr std::int64_t kStreamKeys = 16;
+// PvBlockRuns' steps hold the same bytes of V for narrower elements (32 bf16 or 64 int8 keys):
+// each step costs a call per column chunk and row tile, which loads and stores the tile's
+// accumulators (docs/performance.md#dm-stream-bytes).
+template <class T>
+inline constexpr std::int64_t kStepKeys = kStreamKeys * 4 / static_cast<std::int64_t>(sizeof(T));
 
 // PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
 // [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
@@ -204,13 +210,13 @@ void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std:
   constexpr int CW = O::kPvCols * O::kLanes;
   WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
-    const std::int64_t steps = (nk_live + kStreamKeys - 1) / kStreamKeys,
-                       chunks = (dvp + CW - 1) / CW;
-    VRun<T> vruns[kStreamKeys];
-    for (std::int64_t s0 = 0; s0 < nk_live; s0 += kStreamKeys) {
-      const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + kStreamKeys), vruns);
+    constexpr std::int64_t K = kStepKeys<T>;
+    const std::int64_t steps = (nk_live + K - 1) / K, chunks = (dvp + CW - 1) / CW;
+    VRun<T> vruns[K];
+    for (std::int64_t s0 = 0; s0 < nk_live; s0 += K) {
+      const int nv = MakeVRuns<T>(p, b, hk, kb0, s0, std::min(nk_live, s0 + K), vruns);
       for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
-        ahead.Share(s0 / kStreamKeys * chunks + c0 / CW, steps * chunks);
+        ahead.Share(s0 / K * chunks + c0 / CW, steps * chunks);
         const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
         for (int r0 = r_lo; r0 < r_hi; r0 += O::kPvRows) {
           const int R = std::min(O::kPvRows, r_hi - r0);
