@@ -283,11 +283,11 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
   check_case(c, GetParam());
 }
 
-// Decoding steps over bf16 K/V with 1..8 query rows per K/V head: the streamed dot takes rows and
-// keys in register tiles of up to 4 x 4 (each row's sum in several partial chains, Dot4), the P V
-// runs read V in 16-key steps and two-vector column chunks (Dv 72 and 20: a last chunk of one
-// vector, or a vector tail). Odd key counts, windows that leave rows with no key, both layouts,
-// and split keys (Lk 1100 with one sequence).
+// Decoding steps over bf16 K/V with 1..8 query rows per K/V head: the streamed dot takes up to 4
+// rows against 4 keys at a time (Dot4) with odd D (19) and tails of keys; the P V runs read V in
+// steps of 32 keys and two-vector column chunks (Dv 72: a last chunk of one vector on AVX2; Dv 20:
+// not whole vectors, V packed). Odd key counts, windows that leave rows with no key, both
+// layouts, and split keys (Lk 1100 with one sequence).
 TEST_P(DtypeGrid, Bf16DecodingRowsKeysAndColumns) {
   int n = 0;
   for (std::int64_t group : {1, 3, 4, 8})

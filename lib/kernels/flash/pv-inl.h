@@ -196,7 +196,8 @@ inline constexpr std::int64_t kStreamKeys = 16;
 // each step costs a call per column chunk and row tile, which loads and stores the tile's
 // accumulators (docs/performance.md#dm-stream-bytes).
 template <class T>
-inline constexpr std::int64_t kStepKeys = kStreamKeys * 4 / static_cast<std::int64_t>(sizeof(T));
+inline constexpr std::int64_t kStepKeys = kStreamKeys* static_cast<std::int64_t>(sizeof(float) /
+                                                                                 sizeof(T));
 
 // PvUnit::runs: Acc rows [r_lo, r_hi) += P . V with V of K/V head hk read in place (keys
 // [0, nk_live) of the block at kb0), widened as loaded; the runs of a step share a page, so the
