@@ -39,11 +39,19 @@ struct Bf16Stream;
 // accumulators, R folded pairs and the K vectors).
 inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
 
-// Keys k0 and k1 into acc[r][0] and acc[r][1] over d < dv. Key after key, each row front to back:
-// the addresses ascend as in a plain stream, which the hardware prefetchers follow (interleaving
-// the rows per d lost from DRAM: docs/performance.md#dm-decode-key-order). 1-byte elements go d
-// by d instead: their rows are short runs (128 bytes at D = 128), so reading them side by side
-// still moves through memory in order, and each Q vector load serves both keys.
+// Whether DotKeys reads its G keys side by side, d by d, so that each Q vector load serves every
+// key, instead of key after key, each row front to back, whose addresses ascend as in a plain
+// stream the hardware prefetchers follow (interleaving four f32/bf16 rows per d lost from DRAM
+// with AVX-512: docs/performance.md#dm-decode-key-order). 1-byte rows are short runs (128 bytes at
+// D = 128), so side by side still moves through memory in order. 2-byte rows of several Q rows on
+// AVX2 as well: key after key, each step is R Q loads and a widening K load for R FMAs, more loads
+// than a core serves beside two FMA pipes; two keys side by side take R + 2 loads for 2R FMAs
+// (docs/performance.md#dm-decode-bf16-side-by-side).
+template <class T, int R>
+inline constexpr bool kKeysSideBySide = sizeof(T) == 1 ||
+                                        (sizeof(T) == 2 && R >= 2 && CPUATTN_SIMD_BITS == 256);
+
+// Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses.
 template <class O, int R, int G, class T>
 CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
                                    std::int64_t dv, const T* const* k, typename O::V (&acc)[R][G]) {
@@ -53,7 +61,7 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
     CPUATTN_UNROLL(4)
     for (int g = 0; g < G; ++g) acc[r][g] = O::Zero();
   }
-  if constexpr (sizeof(T) == 1) {
+  if constexpr (kKeysSideBySide<T, R>) {
     for (std::int64_t d = 0; d < dv; d += N) {
       typename O::V kv[G];
       CPUATTN_UNROLL(4)
