@@ -141,17 +141,17 @@ CPUATTN_ALWAYS_INLINE void GemvTile(const float* const* a, const TB* CPUATTN_RES
 }
 
 // Rows [k0, k1) of one panel (K rows, from b) for R rows a of A, continuing the sums in part
-// (R rows of kPanel floats; from the bias, or 0, when k0 is 0). Only the group that reads the
-// chunk first (`prefetch`) asks for the rows ahead.
+// (R rows of kPanel floats; from the bias, or 0, when k0 is 0). Asks for the pf_lines cache lines
+// from pf spread evenly over its steps.
 template <class O, int R, class TB>
 CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RESTRICT b,
                                      std::int64_t K, std::int64_t k0, std::int64_t k1,
-                                     const float* bias, float* part, bool prefetch) {
+                                     const float* bias, float* part, const char* pf,
+                                     std::int64_t pf_lines) {
   using V = typename O::V;
   constexpr std::int64_t P = detail::PackedMatrix::kPanel;
   constexpr int N = O::kLanes;
   constexpr int C = static_cast<int>(P) / N;
-  constexpr std::int64_t ahead = GemvAhead<1, TB>();
   V acc[R][1][C];
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
@@ -162,9 +162,12 @@ CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RE
       for (int j = 0; j < C; ++j) acc[r][0][j] = k0 > 0 ? O::Load(part + r * P + j * N) : O::Zero();
     }
   }
-  const std::int64_t k_pf = prefetch ? std::clamp<std::int64_t>(K - ahead, k0, k1) : k0;
-  for (std::int64_t k = k0; k < k_pf; ++k) GemvStep<O, R, 1, TB>(a, b, K, k, true, ahead, acc);
-  for (std::int64_t k = k_pf; k < k1; ++k) GemvStep<O, R, 1, TB>(a, b, K, k, false, ahead, acc);
+  const std::int64_t steps = k1 - k0;
+  std::int64_t due = 0;  // pf_lines per step, in units of 1 / steps
+  for (std::int64_t k = k0; k < k1; ++k) {
+    for (due += pf_lines; due >= steps; due -= steps, pf += 64) detail::Prefetch<3>(pf);
+    GemvStep<O, R, 1, TB>(a, b, K, k, false, 0, acc);
+  }
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     CPUATTN_UNROLL(32)
@@ -175,7 +178,9 @@ CPUATTN_ALWAYS_INLINE void GemvChunk(const float* const* a, const TB* CPUATTN_RE
 // M rows (more than O::kGemvRows, at most detail::kGemvRows) over panels [p0, p1): each chunk of
 // kGemvChunkBytes of a panel is taken by groups of at most O::kGemvRows rows in turn, sizes as even
 // as the count allows; the sums live in part (M x kPanel floats) between chunks and go to C once
-// the panel is done. C's column 0 is panel c0's.
+// the panel is done. C's column 0 is panel c0's. Every group asks for its share of the next
+// chunk's lines as it goes: when only the first group did (the others read L1), DRAM sat idle for
+// the other groups' passes and an 8-row step pulled B at half the read bandwidth.
 template <class O, class TB>
 void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, const TB* b0,
                 std::int64_t p0, std::int64_t p1, std::int64_t c0, float* const* cbase,
@@ -186,16 +191,23 @@ void GemvGroups(const float* const* a, int M, const detail::PackedMatrix& B, con
   const std::int64_t kc =
       std::max<std::int64_t>(1, kGemvChunkBytes / (P * static_cast<std::int64_t>(sizeof(TB))));
   const int groups = (M + T - 1) / T;
+  constexpr std::int64_t kRowLines = P * static_cast<std::int64_t>(sizeof(TB)) / 64;
   for (std::int64_t p = p0; p < p1; ++p) {
     const TB* bp = b0 + p * K * P;
     const float* bias = B.has_bias ? B.bias.data() + p * P : nullptr;
     for (std::int64_t k0 = 0; k0 < K; k0 += kc) {
       const std::int64_t k1 = std::min(K, k0 + kc);
+      // The next chunk: the rest of this panel, else the first chunk of the task's next panel.
+      const TB* next = k1 < K ? bp + k1 * P : p + 1 < p1 ? bp + K * P : nullptr;
+      const std::int64_t next_lines =
+          next == nullptr ? 0 : (k1 < K ? std::min(kc, K - k1) : std::min(kc, K)) * kRowLines;
       for (int g = 0, r0 = 0; g < groups; ++g) {
         const int R = M / groups + (g < M % groups ? 1 : 0);
+        const std::int64_t l0 = next_lines * g / groups, l1 = next_lines * (g + 1) / groups;
+        const char* pf = next == nullptr ? nullptr : reinterpret_cast<const char*>(next) + l0 * 64;
         detail::WithCount<T>(R, [&](auto r_tag) {
-          GemvChunk<O, decltype(r_tag)::value, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P,
-                                                   g == 0);
+          GemvChunk<O, decltype(r_tag)::value, TB>(a + r0, bp, K, k0, k1, bias, part + r0 * P, pf,
+                                                   l1 - l0);
         });
         r0 += R;
       }
