@@ -133,6 +133,29 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
     }
   }
 }
+
+// Dot4 for up to twice its rows: more than kDot4Rows take it in two halves over the same four keys
+// (the second half reads them from L1). One key at a time instead (8 rows per K/V head: Llama 3
+// 70B, Qwen2 72B) was a horizontal sum per row and key, 9 loads per 8 FMAs on AVX2, and none of
+// the four-key loop's prefetches, so P V read V from DRAM:
+// docs/performance.md#dm-decode-dot4-halves.
+template <class O, bool kHiLo, int R, class T>
+CPUATTN_ALWAYS_INLINE void Dot4Rows(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
+                                    std::int64_t D, const T* const (&k)[4], __m128 (&sum)[R]) {
+  static_assert(R <= 2 * kDot4Rows);
+  if constexpr (R <= kDot4Rows) {
+    Dot4<O, kHiLo, R, T>(qd, dp, D, k, sum);
+  } else {
+    constexpr int R0 = (R + 1) / 2;
+    __m128 lo[R0], hi[R - R0];
+    Dot4<O, kHiLo, R0, T>(qd, dp, D, k, lo);
+    Dot4<O, kHiLo, R - R0, T>(qd + R0 * dp, dp, D, k, hi);
+    CPUATTN_UNROLL(8)
+    for (int r = 0; r < R0; ++r) sum[r] = lo[r];
+    CPUATTN_UNROLL(8)
+    for (int r = R0; r < R; ++r) sum[r] = hi[r - R0];
+  }
+}
 #endif
 
 // Streaming scores for a few query rows (decode): S[r][j] = Qd[r] . K[j] with K read in place,
@@ -153,11 +176,11 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
   const std::int64_t dv = D / N * N;
   std::int64_t j = 0;
 #if CPUATTN_SIMD_BITS >= 256
-  if constexpr (R <= kDot4Rows) {
+  if constexpr (R <= 2 * kDot4Rows) {
     for (; j + 4 <= nk; j += 4) {
       const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
       __m128 sum[R];
-      Dot4<O, kHiLo, R, T>(qd, dp, D, k4, sum);
+      Dot4Rows<O, kHiLo, R, T>(qd, dp, D, k4, sum);
       // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
       // block's scores, and a second stream in flight beside K's raises what one core pulls from
       // DRAM (docs/performance.md#dm-decode-v-prefetch-l1). Whole blocks ahead into L2 as well
