@@ -116,7 +116,7 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   const PlanSet set = plan_set(ps, n, choice, call);
   if (rec != nullptr) record_set(ps, set, *rec);
   const FlashKernels& portable = flash_kernels(choice);
-#if defined(__x86_64__)
+#if CPUATTN_HAS_NATIVE_BF16_UNIT
   const FlashKernels& native =
       choice.target == Target::avx512_bf16 ? native_flash_kernels() : portable;
 #else

@@ -62,8 +62,10 @@ std::int64_t excluded_by(Target cap) {
   return excluded;
 }
 
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
+// Whether the avx512_bf16 unit runs here: built (not in a build of the host's units on a CPU
+// without it, lib/CMakeLists.txt) and the CPU has the extensions.
+bool native_bf16_unit_runs() {
+#if CPUATTN_HAS_NATIVE_BF16_UNIT && (defined(__x86_64__) || defined(__i386__))
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   // AVX512-VNNI too (leaf 7 subleaf 0, ECX bit 11; the native unit's int8 P V uses it):
   // every CPU with AVX512-BF16 so far has it (Cooper Lake, Sapphire Rapids, Zen 4).
@@ -117,7 +119,7 @@ Choice compute(Target cap, Simd provider) {
   // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
   // the AVX-512 target Highway found, and a cap that admits it.
   if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
-      cpu_has_avx512_bf16())
+      native_bf16_unit_runs())
     c.target = Target::avx512_bf16;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&

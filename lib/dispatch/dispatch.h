@@ -106,9 +106,19 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   const detail::Table* Getter();                   \
   }
 
+// A build of the host's units only (CPUATTN_SIMD_UNITS=host in lib/CMakeLists.txt, which defines
+// CPUATTN_HAS_AVX512_UNITS for the library and the tests that compile kernels) on a CPU without
+// AVX-512 has no 512-bit xsimd unit; it never chooses AVX-512, whose Highway target it lacks too.
 #if CPUATTN_HAS_XSIMD_UNITS
+#if !defined(CPUATTN_HAS_AVX512_UNITS)
+// A unit without lib/CMakeLists.txt's CPUATTN_HWY_DEFINITIONS may declare tables, not look them up.
+#define CPUATTN_XSIMD_GETTERS(Getter) CPUATTN_HAS_AVX512_UNITS_is_not_defined
+#elif CPUATTN_HAS_AVX512_UNITS
 #define CPUATTN_XSIMD_GETTERS(Getter) \
   &xsimd_sse4::Getter, &xsimd_avx2::Getter, &xsimd_avx512::Getter
+#else
+#define CPUATTN_XSIMD_GETTERS(Getter) &xsimd_sse4::Getter, &xsimd_avx2::Getter, nullptr
+#endif
 #else
 #define CPUATTN_XSIMD_GETTERS(Getter) nullptr, nullptr, nullptr
 #endif

@@ -38,8 +38,8 @@ struct FlashKernels {
 
 // The portable unit's table for a choice.
 const FlashKernels& flash_kernels(const Choice& choice);
-// The avx512_bf16 unit's table (flash_bf16.cc, x86-64 builds only), for plans that chose
-// FlashUnit::avx512_bf16.
+// The avx512_bf16 unit's table (flash_bf16.cc, built where CPUATTN_HAS_NATIVE_BF16_UNIT), for
+// plans that chose FlashUnit::avx512_bf16.
 const FlashKernels& native_flash_kernels();
 
 }  // namespace cpuattn::detail
