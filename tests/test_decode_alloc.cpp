@@ -1,59 +1,17 @@
 // A steady-state decode step allocates nothing: once a layer, its cache and the context have seen
 // a step of the same shape, further steps reuse the context's arenas (no operator new). Its own
-// executable: it replaces the global operator new to count.
+// executable: it links the counting operator new (alloc_counter.h).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <new>
 #include <random>
 #include <vector>
 
+#include "alloc_counter.h"
 #include "cpuattn/layers.h"
-
-// The replacements below pair malloc with free; GCC, inlining them, cannot see that they match.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long> g_news{0};
-}  // namespace
-
-#ifndef CPUATTN_TEST_TSAN  // ThreadSanitizer's runtime defines operator new (tests/CMakeLists.txt)
-void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_news.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#endif
-
-#ifdef CPUATTN_TEST_TSAN
-#define CPUATTN_SKIP_WITHOUT_COUNTER() \
-  GTEST_SKIP() << "ThreadSanitizer's operator new: nothing counts the allocations"
-#else
-#define CPUATTN_SKIP_WITHOUT_COUNTER() (void)0
-#endif
 
 namespace cpuattn {
 namespace {
-
-// operator new calls while f runs.
-template <class F>
-long news_during(F&& f) {
-  g_news = 0;
-  g_counting = true;
-  f();
-  g_counting = false;
-  return g_news.load();
-}
 
 struct Layer {
   static constexpr std::int64_t d = 96, H = 4, Hkv = 2, D = 24;
@@ -95,7 +53,7 @@ std::vector<float> random_rows(std::int64_t n, std::uint32_t seed) {
 }
 
 TEST(DecodeAllocations, ContiguousCacheStepAllocatesNothing) {
-  CPUATTN_SKIP_WITHOUT_COUNTER();
+  CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER();
   for (int threads : {1, 2}) {
     for (DType kv : {DType::bf16, DType::f32}) {
       const Layer l;
@@ -110,7 +68,7 @@ TEST(DecodeAllocations, ContiguousCacheStepAllocatesNothing) {
       const TensorView xs = TensorView::contiguous(step.data(), DType::f32, {B, 1, Layer::d});
       const OutputView os = OutputView::contiguous(out.data(), DType::f32, {B, 1, Layer::d});
       for (int warm = 0; warm < 3; ++warm) l.mha.decode(xs, cache, os, {}, &ctx);
-      const long news = news_during([&] {
+      const long news = test::allocations_during([&] {
         for (int s = 0; s < 10; ++s) l.mha.decode(xs, cache, os, {}, &ctx);
       });
       EXPECT_EQ(news, 0) << threads << " threads, " << (kv == DType::bf16 ? "bf16" : "f32")
@@ -123,7 +81,7 @@ TEST(DecodeAllocations, ContiguousCacheStepAllocatesNothing) {
 
 // The count can fail: a step that grows a growable cache past its capacity allocates.
 TEST(DecodeAllocations, TheCounterSeesAGrowingCache) {
-  CPUATTN_SKIP_WITHOUT_COUNTER();
+  CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER();
   const Layer l;
   Context ctx(1);
   KvCache cache = l.mha.make_cache(1, 4, /*growable=*/true);
@@ -132,11 +90,11 @@ TEST(DecodeAllocations, TheCounterSeesAGrowingCache) {
   const TensorView xs = TensorView::contiguous(step.data(), DType::f32, {1, 1, Layer::d});
   const OutputView os = OutputView::contiguous(out.data(), DType::f32, {1, 1, Layer::d});
   for (int s = 0; s < 4; ++s) l.mha.decode(xs, cache, os, {}, &ctx);
-  EXPECT_GT(news_during([&] { l.mha.decode(xs, cache, os, {}, &ctx); }), 0);
+  EXPECT_GT(test::allocations_during([&] { l.mha.decode(xs, cache, os, {}, &ctx); }), 0);
 }
 
 TEST(DecodeAllocations, PagedCacheStepAllocatesNothing) {
-  CPUATTN_SKIP_WITHOUT_COUNTER();
+  CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER();
   for (int threads : {1, 2}) {
     const Layer l;
     Context ctx(threads);
@@ -152,7 +110,7 @@ TEST(DecodeAllocations, PagedCacheStepAllocatesNothing) {
     const OutputView os = OutputView::contiguous(out.data(), DType::f32, {B, 1, Layer::d});
     for (int warm = 0; warm < 3; ++warm) l.mha.decode(xs, cache, seqs, os, {}, &ctx);
     // 10 steps from 20 tokens stay within the second page of 16 (no page is taken).
-    const long news = news_during([&] {
+    const long news = test::allocations_during([&] {
       for (int s = 0; s < 10; ++s) l.mha.decode(xs, cache, seqs, os, {}, &ctx);
     });
     EXPECT_EQ(news, 0) << threads << " threads: operator new calls in 10 paged decode steps";

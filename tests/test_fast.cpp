@@ -2,34 +2,15 @@
 // supports: odd and tail sizes, both memory layouts, misaligned pointers, every mask kind and
 // their combinations, GQA ratios; plus determinism across thread counts, concurrent callers,
 // allocation-free steady state, and the stated error of the vector exp2.
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <thread>
 
+#include "alloc_counter.h"
 #include "attention_cases.h"
 #include "probes.h"
 #include "test_util.h"
-
-// Counting allocator hook: counts operator new calls while armed. (GCC cannot see that new and
-// delete below are a matching malloc/free pair.)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<bool> g_count_allocs{false};
-std::atomic<long> g_allocs{0};
-}  // namespace
-#ifndef CPUATTN_TEST_TSAN  // ThreadSanitizer's runtime defines operator new (tests/CMakeLists.txt)
-void* operator new(std::size_t n) {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#endif
 
 namespace cpuattn::test {
 namespace {
@@ -284,9 +265,7 @@ TEST(Concurrency, EightCallersMatchSerial) {
 }
 
 TEST(Allocation, SteadyStateCallsDoNotAllocate) {
-#ifdef CPUATTN_TEST_TSAN
-  GTEST_SKIP() << "ThreadSanitizer's operator new: nothing counts the allocations";
-#endif
+  CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER();
   for (Case c : {Case{2, 8, 2, 300, 300, 64, 64}, Case{1, 4, 1, 1, 5000, 64, 64}}) {
     Inputs in(c);
     Tensor4 out(c.B, c.H, c.Lq, c.Dv);
@@ -295,12 +274,11 @@ TEST(Allocation, SteadyStateCallsDoNotAllocate) {
     Context ctx(2);
     for (int warm = 0; warm < 3; ++warm)
       attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
-    g_allocs = 0;
-    g_count_allocs = true;
-    for (int rep = 0; rep < 5; ++rep)
-      attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
-    g_count_allocs = false;
-    EXPECT_EQ(g_allocs.load(), 0) << c.str();
+    const long news = allocations_during([&] {
+      for (int rep = 0; rep < 5; ++rep)
+        attention(in.q.view(), in.k.view(), in.v.view(), out.out_view(), in.opts, &ctx);
+    });
+    EXPECT_EQ(news, 0) << c.str();
   }
 }
 

@@ -1,0 +1,34 @@
+// Counts global operator new calls, for the tests that prove a steady-state call allocates
+// nothing. A test executable gets the counter by linking alloc_counter.cpp (cpuattn_alloc_counter()
+// in tests/CMakeLists.txt), which replaces the global operator new. ThreadSanitizer's runtime
+// defines operator new itself, so under it nothing is replaced and the counting tests skip.
+#pragma once
+
+#include <gtest/gtest.h>
+
+namespace cpuattn::test {
+
+// Whether operator new is counted in this build (false under ThreadSanitizer).
+bool alloc_counter_active();
+void set_alloc_counting(bool on);
+long alloc_count();
+
+// operator new calls while f runs.
+template <class F>
+long allocations_during(F&& f) {
+  set_alloc_counting(false);
+  const long before = alloc_count();
+  set_alloc_counting(true);
+  f();
+  set_alloc_counting(false);
+  return alloc_count() - before;
+}
+
+}  // namespace cpuattn::test
+
+// First statement of a test that counts allocations.
+#define CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER()                                            \
+  do {                                                                                  \
+    if (!::cpuattn::test::alloc_counter_active())                                       \
+      GTEST_SKIP() << "ThreadSanitizer's operator new: nothing counts the allocations"; \
+  } while (0)
