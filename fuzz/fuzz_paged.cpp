@@ -80,80 +80,104 @@ double value_of(const std::vector<unsigned char>& buf, DType dt, std::size_t i, 
   }
 }
 
-}  // namespace
-}  // namespace cpuattn::fuzz
+// One drawn call: shapes, pools, block table, lengths and options, and whether the call is valid.
+struct PagedCase {
+  std::int64_t B = 0, Hkv = 0, group = 0, H = 0, Lq = 0, D = 0, Dv = 0, P = 0;
+  std::int64_t num_pages = 0, max_pages = 0, v_num = 0, bt_rows = 0, sl_rows = 0;
+  DType dt = DType::f32;
+  std::size_t es = 4;
+  bool valid = true, scales = false, table_i64 = false, lens_f32 = false, lens_i32 = false;
+  std::vector<unsigned char> kp, vp;
+  std::vector<float> ks, vs, q, sinks;
+  std::vector<std::int64_t> table_store, lens, key_lengths;  // table_store: room for i64
+  std::vector<std::int32_t> lens32;
+  AttentionOptions o;
+  int target = 0, threads = 1;
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace cpuattn;
-  using namespace cpuattn::fuzz;
-  Reader in(data, size);
-  const std::int64_t B = in.range(1, 3), Hkv = in.range(1, 3), group = in.range(1, 3);
-  const std::int64_t H = Hkv * group, Lq = in.range(1, 3), D = in.range(1, 9), Dv = in.range(1, 9);
+  std::int32_t* table() { return reinterpret_cast<std::int32_t*>(table_store.data()); }
+  std::int64_t page_of(std::int64_t b, std::int64_t j) { return table()[b * max_pages + j / P]; }
+};
+
+// Shapes, the pools (v_pages may get one page more: a mismatch), their scales and Q.
+void draw_pools(Reader& in, PagedCase& c, std::mt19937& rng) {
+  c.B = in.range(1, 3);
+  c.Hkv = in.range(1, 3);
+  c.group = in.range(1, 3);
+  c.H = c.Hkv * c.group;
+  c.Lq = in.range(1, 3);
+  c.D = in.range(1, 9);
+  c.Dv = in.range(1, 9);
   static const std::int64_t kPow2[] = {1, 2, 4, 8, 16, 32};
   static const std::int64_t kNotPow2[] = {3, 6, 12, 24};
   static const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16, DType::i8};
-  bool valid = true;
   const bool bad_p = in.chance(5);
-  const std::int64_t P = bad_p ? in.pick(kNotPow2) : in.pick(kPow2);
-  valid &= !bad_p;
-  const std::int64_t num_pages = in.range(1, 8), max_pages = in.range(1, 4);
-  const DType dt = in.pick(kDtypes);
-  std::mt19937 rng(static_cast<std::uint32_t>(in.bits(4)));
+  c.P = bad_p ? in.pick(kNotPow2) : in.pick(kPow2);
+  c.valid &= !bad_p;
+  c.num_pages = in.range(1, 8);
+  c.max_pages = in.range(1, 4);
+  c.dt = in.pick(kDtypes);
+  rng.seed(static_cast<std::uint32_t>(in.bits(4)));
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-
-  // Pools (v_pages may get one page more: a mismatch), scales, Q.
   const bool bad_vpages = in.chance(4);
-  valid &= !bad_vpages;
-  const std::int64_t v_num = num_pages + (bad_vpages ? 1 : 0);
-  const std::size_t es = dtype_size(dt);
-  std::vector<unsigned char> kp(static_cast<std::size_t>(num_pages * Hkv * P * D) * es),
-      vp(static_cast<std::size_t>(v_num * Hkv * P * Dv) * es);
-  for (std::size_t i = 0; i < kp.size() / es; ++i) store(kp, dt, i, unit(rng));
-  for (std::size_t i = 0; i < vp.size() / es; ++i) store(vp, dt, i, unit(rng));
-  std::vector<float> ks(static_cast<std::size_t>(v_num * Hkv * P)), vs(ks.size());
+  c.valid &= !bad_vpages;
+  c.v_num = c.num_pages + (bad_vpages ? 1 : 0);
+  c.es = dtype_size(c.dt);
+  c.kp.resize(static_cast<std::size_t>(c.num_pages * c.Hkv * c.P * c.D) * c.es);
+  c.vp.resize(static_cast<std::size_t>(c.v_num * c.Hkv * c.P * c.Dv) * c.es);
+  for (std::size_t i = 0; i < c.kp.size() / c.es; ++i) store(c.kp, c.dt, i, unit(rng));
+  for (std::size_t i = 0; i < c.vp.size() / c.es; ++i) store(c.vp, c.dt, i, unit(rng));
+  c.ks.resize(static_cast<std::size_t>(c.v_num * c.Hkv * c.P));
+  c.vs.resize(c.ks.size());
   // int8 scales in [0.5, 1] / 127, so the values stay in [-1, 1] as for the other dtypes.
-  for (float& s : ks) s = (0.75f + 0.25f * unit(rng)) / 127;
-  for (float& s : vs) s = (0.75f + 0.25f * unit(rng)) / 127;
+  for (float& s : c.ks) s = (0.75f + 0.25f * unit(rng)) / 127;
+  for (float& s : c.vs) s = (0.75f + 0.25f * unit(rng)) / 127;
   const bool scales_wrong = in.chance(4);  // missing for int8, present for the others
-  valid &= !scales_wrong;
-  const bool scales = (dt == DType::i8) != scales_wrong;
-  std::vector<float> q(static_cast<std::size_t>(B * H * Lq * D));
-  for (float& x : q) x = unit(rng);
+  c.valid &= !scales_wrong;
+  c.scales = (c.dt == DType::i8) != scales_wrong;
+  c.q.resize(static_cast<std::size_t>(c.B * c.H * c.Lq * c.D));
+  for (float& x : c.q) x = unit(rng);
+}
 
-  // Block table and lengths: a row or a length too many, a wrong dtype, a length out of range, a
-  // used entry out of range; unused entries hold junk.
+// Block table and lengths: a row or a length too many, a wrong dtype, a length out of range, a
+// used entry out of range; unused entries hold junk.
+void draw_table(Reader& in, PagedCase& c) {
   const bool bad_table_rows = in.chance(3), bad_lens_rows = in.chance(3);
-  const bool table_i64 = in.chance(3), lens_f32 = in.chance(3);
-  valid &= !bad_table_rows && !bad_lens_rows && !table_i64 && !lens_f32;
-  const std::int64_t bt_rows = B + (bad_table_rows ? 1 : 0), sl_rows = B + (bad_lens_rows ? 1 : 0);
-  std::vector<std::int64_t> table_store(static_cast<std::size_t>(bt_rows * max_pages));
-  auto* table = reinterpret_cast<std::int32_t*>(table_store.data());  // int32 view; room for i64
-  std::vector<std::int64_t> lens(static_cast<std::size_t>(sl_rows));
-  const bool lens_i32 = in.chance(50);
-  for (std::int64_t b = 0; b < sl_rows; ++b) {
-    std::int64_t len = in.range(0, max_pages * P);
-    if (b < B && in.chance(3)) {
-      len = in.chance(50) ? -1 : max_pages * P + 1;
-      valid = false;
+  c.table_i64 = in.chance(3);
+  c.lens_f32 = in.chance(3);
+  c.valid &= !bad_table_rows && !bad_lens_rows && !c.table_i64 && !c.lens_f32;
+  c.bt_rows = c.B + (bad_table_rows ? 1 : 0);
+  c.sl_rows = c.B + (bad_lens_rows ? 1 : 0);
+  c.table_store.resize(static_cast<std::size_t>(c.bt_rows * c.max_pages));
+  c.lens.resize(static_cast<std::size_t>(c.sl_rows));
+  c.lens_i32 = in.chance(50);
+  const std::int64_t cap = c.max_pages * c.P;
+  for (std::int64_t b = 0; b < c.sl_rows; ++b) {
+    std::int64_t len = in.range(0, cap);
+    if (b < c.B && in.chance(3)) {
+      len = in.chance(50) ? -1 : cap + 1;
+      c.valid = false;
     }
-    lens[b] = len;
+    c.lens[b] = len;
   }
-  for (std::int64_t b = 0; b < bt_rows; ++b) {
-    const std::int64_t used = b < B && lens[b] > 0 ? (lens[b] + P - 1) / P : 0;
-    for (std::int64_t i = 0; i < max_pages; ++i) {
-      std::int64_t page = in.range(0, num_pages - 1);
+  for (std::int64_t b = 0; b < c.bt_rows; ++b) {
+    const std::int64_t used = b < c.B && c.lens[b] > 0 ? (c.lens[b] + c.P - 1) / c.P : 0;
+    for (std::int64_t i = 0; i < c.max_pages; ++i) {
+      std::int64_t page = in.range(0, c.num_pages - 1);
       if (i >= used && in.chance(30)) page = in.chance(50) ? -1 : 1 << 30;  // never read
-      if (i < used && b < B && lens[b] <= max_pages * P && in.chance(3)) {
-        page = in.chance(50) ? -1 : num_pages;
-        valid = false;
+      if (i < used && b < c.B && c.lens[b] <= cap && in.chance(3)) {
+        page = in.chance(50) ? -1 : c.num_pages;
+        c.valid = false;
       }
-      table[b * max_pages + i] = static_cast<std::int32_t>(page);
+      c.table()[b * c.max_pages + i] = static_cast<std::int32_t>(page);
     }
   }
-  std::vector<std::int32_t> lens32(lens.begin(), lens.end());
+  c.lens32.assign(c.lens.begin(), c.lens.end());
+}
 
-  // Options.
-  AttentionOptions o;
+// Masks and score options (some out of range), the SIMD target and the thread count.
+void draw_options(Reader& in, PagedCase& c, std::mt19937& rng) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  AttentionOptions& o = c.o;
   if (in.chance(40)) o.causal = Causal::bottom_right;
   if (in.chance(40)) {
     o.window_left = in.range(-1, 5);
@@ -161,91 +185,198 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (in.chance(4)) {
     o.window_left = -2;
-    valid = false;
+    c.valid = false;
   }
   if (in.chance(25)) o.softcap = 0.5 + in.range(0, 20);
   if (in.chance(4)) {
     o.softcap = in.chance(50) ? -1.0 : std::numeric_limits<double>::infinity();
-    valid = false;
+    c.valid = false;
   }
   o.alibi = in.chance(25);
-  std::vector<float> sinks(static_cast<std::size_t>(H));
-  for (float& s : sinks) s = 4 * unit(rng);
-  if (in.chance(25)) o.sinks = TensorView::contiguous(sinks.data(), DType::f32, {H});
-  std::vector<std::int64_t> key_lengths(static_cast<std::size_t>(B), 1);
+  c.sinks.resize(static_cast<std::size_t>(c.H));
+  for (float& s : c.sinks) s = 4 * unit(rng);
+  if (in.chance(25)) o.sinks = TensorView::contiguous(c.sinks.data(), DType::f32, {c.H});
+  c.key_lengths.assign(static_cast<std::size_t>(c.B), 1);
   if (in.chance(3)) {
-    o.key_lengths = TensorView::contiguous(key_lengths.data(), DType::i64, {B});
-    valid = false;
+    o.key_lengths = TensorView::contiguous(c.key_lengths.data(), DType::i64, {c.B});
+    c.valid = false;
   }
-  const int target = static_cast<int>(in.range(0, kTargets - 1)),
-            threads = static_cast<int>(in.range(1, 2));
-  // bf16 pages on the native kernel (docs/precision.md): P rounded to bf16 (2^-8) and,
-  // in decoding steps, Q split into bf16 hi + lo (2^-15 D scale max|q| max|k|, both <= 1 here).
-  // int8 pages there: decoding steps' P V on VNNI, weights quantized per block of 128 keys, out
-  // off by 2^-9 max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1]
-  // / 127 (vmax >= max|code| 0.5 / 127, and the error scales with max|code| too).
-  // Pool rows that no query of any sequence attends (past every length, in unused pages, or left
-  // of every row's window) hold NaN or +-inf, as recycled pages do; int8 rows through their
-  // scales. No output may change for them (docs/guarantees.md, "Excluded keys").
-  if (valid && in.chance(50)) {
-    static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(),
-                                     std::numeric_limits<float>::infinity(),
-                                     -std::numeric_limits<float>::infinity()};
-    const float poison = in.pick(kPoisons);
-    std::vector<bool> live(static_cast<std::size_t>(num_pages * P), false);
-    for (std::int64_t b = 0; b < B; ++b) {
-      // Query 0 sits at position len - Lq and sees the earliest keys: from pos - window_left.
-      const std::int64_t first =
-          o.window_left >= 0 ? std::max<std::int64_t>(0, lens[b] - Lq - o.window_left) : 0;
-      for (std::int64_t j = first; j < lens[b]; ++j)
-        live[static_cast<std::size_t>(table[b * max_pages + j / P] * P + j % P)] = true;
-    }
-    for (std::int64_t page = 0; page < num_pages; ++page)
-      for (std::int64_t slot = 0; slot < P; ++slot) {
-        if (live[static_cast<std::size_t>(page * P + slot)]) continue;
-        for (std::int64_t h = 0; h < Hkv; ++h) {
-          const std::int64_t row = (page * Hkv + h) * P + slot;
-          if (dt == DType::i8) {
-            ks[static_cast<std::size_t>(row)] = vs[static_cast<std::size_t>(row)] = poison;
-            continue;
-          }
-          for (std::int64_t d = 0; d < D; ++d)
-            store(kp, dt, static_cast<std::size_t>(row * D + d), poison);
-          for (std::int64_t d = 0; d < Dv; ++d)
-            store(vp, dt, static_cast<std::size_t>(row * Dv + d), poison);
-        }
-      }
-  }
-  const bool native_unit = std::string(active_bf16_path(context(target, threads))) == "avx512_bf16";
-  const bool native = dt == DType::bf16 && native_unit;
-  const bool native_i8 = dt == DType::i8 && native_unit;
+  c.target = static_cast<int>(in.range(0, kTargets - 1));
+  c.threads = static_cast<int>(in.range(1, 2));
+}
 
-  PagedKv kv;
-  kv.k_pages = TensorView::contiguous(kp.data(), dt, {num_pages, Hkv, P, D});
-  kv.v_pages = TensorView::contiguous(vp.data(), dt, {v_num, Hkv, P, Dv});
-  kv.block_table = TensorView::contiguous(table_store.data(), table_i64 ? DType::i64 : DType::i32,
-                                          {bt_rows, max_pages});
-  kv.seq_lens = lens_f32   ? TensorView::contiguous(lens32.data(), DType::f32, {sl_rows})
-                : lens_i32 ? TensorView::contiguous(lens32.data(), DType::i32, {sl_rows})
-                           : TensorView::contiguous(lens.data(), DType::i64, {sl_rows});
-  if (scales) {
-    kv.k_scales = TensorView::contiguous(ks.data(), DType::f32, {num_pages, Hkv, P});
-    kv.v_scales = TensorView::contiguous(vs.data(), DType::f32, {v_num, Hkv, P});
+// Pool rows that no query of any sequence attends (past every length, in unused pages, or left
+// of every row's window) get NaN or +-inf, as recycled pages hold; int8 rows through their
+// scales. No output may change for them (docs/guarantees.md, "Excluded keys").
+void poison_unread_rows(Reader& in, PagedCase& c) {
+  static const float kPoisons[] = {std::numeric_limits<float>::quiet_NaN(),
+                                   std::numeric_limits<float>::infinity(),
+                                   -std::numeric_limits<float>::infinity()};
+  const float poison = in.pick(kPoisons);
+  std::vector<bool> live(static_cast<std::size_t>(c.num_pages * c.P), false);
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    // Query 0 sits at position len - Lq and sees the earliest keys: from pos - window_left.
+    const std::int64_t first =
+        c.o.window_left >= 0 ? std::max<std::int64_t>(0, c.lens[b] - c.Lq - c.o.window_left) : 0;
+    for (std::int64_t j = first; j < c.lens[b]; ++j)
+      live[static_cast<std::size_t>(c.page_of(b, j) * c.P + j % c.P)] = true;
   }
-  const TensorView qv = TensorView::contiguous(q.data(), DType::f32, {B, H, Lq, D});
-  const std::size_t n_out = static_cast<std::size_t>(B * H * Lq * Dv);
+  for (std::int64_t page = 0; page < c.num_pages; ++page)
+    for (std::int64_t slot = 0; slot < c.P; ++slot) {
+      if (live[static_cast<std::size_t>(page * c.P + slot)]) continue;
+      for (std::int64_t h = 0; h < c.Hkv; ++h) {
+        const std::int64_t row = (page * c.Hkv + h) * c.P + slot;
+        if (c.dt == DType::i8) {
+          c.ks[static_cast<std::size_t>(row)] = c.vs[static_cast<std::size_t>(row)] = poison;
+          continue;
+        }
+        for (std::int64_t d = 0; d < c.D; ++d)
+          store(c.kp, c.dt, static_cast<std::size_t>(row * c.D + d), poison);
+        for (std::int64_t d = 0; d < c.Dv; ++d)
+          store(c.vp, c.dt, static_cast<std::size_t>(row * c.Dv + d), poison);
+      }
+    }
+}
+
+PagedKv paged_views(PagedCase& c) {
+  PagedKv kv;
+  kv.k_pages = TensorView::contiguous(c.kp.data(), c.dt, {c.num_pages, c.Hkv, c.P, c.D});
+  kv.v_pages = TensorView::contiguous(c.vp.data(), c.dt, {c.v_num, c.Hkv, c.P, c.Dv});
+  kv.block_table = TensorView::contiguous(
+      c.table_store.data(), c.table_i64 ? DType::i64 : DType::i32, {c.bt_rows, c.max_pages});
+  kv.seq_lens = c.lens_f32   ? TensorView::contiguous(c.lens32.data(), DType::f32, {c.sl_rows})
+                : c.lens_i32 ? TensorView::contiguous(c.lens32.data(), DType::i32, {c.sl_rows})
+                             : TensorView::contiguous(c.lens.data(), DType::i64, {c.sl_rows});
+  if (c.scales) {
+    kv.k_scales = TensorView::contiguous(c.ks.data(), DType::f32, {c.num_pages, c.Hkv, c.P});
+    kv.v_scales = TensorView::contiguous(c.vs.data(), DType::f32, {c.v_num, c.Hkv, c.P});
+  }
+  return kv;
+}
+
+// Sequence b's keys gathered page by page into dense [1, Hkv, len, d] tensors, with their
+// scales, and the largest finite |V| among them (as the kernels read it).
+struct Gathered {
+  std::vector<unsigned char> k, v;
+  std::vector<float> ks, vs;
+  double vmax = 0;
+};
+Gathered gather_sequence(PagedCase& c, std::int64_t b) {
+  const std::int64_t len = c.lens[b];
+  Gathered g;
+  g.k.resize(static_cast<std::size_t>(c.Hkv * len * c.D) * c.es);
+  g.v.resize(static_cast<std::size_t>(c.Hkv * len * c.Dv) * c.es);
+  g.ks.resize(static_cast<std::size_t>(c.Hkv * len));
+  g.vs.resize(g.ks.size());
+  for (std::int64_t h = 0; h < c.Hkv; ++h) {
+    for (std::int64_t j = 0; j < len; ++j) {
+      const std::int64_t src = (c.page_of(b, j) * c.Hkv + h) * c.P + j % c.P, dst = h * len + j;
+      std::memcpy(&g.k[static_cast<std::size_t>(dst * c.D) * c.es],
+                  &c.kp[static_cast<std::size_t>(src * c.D) * c.es],
+                  static_cast<std::size_t>(c.D) * c.es);
+      std::memcpy(&g.v[static_cast<std::size_t>(dst * c.Dv) * c.es],
+                  &c.vp[static_cast<std::size_t>(src * c.Dv) * c.es],
+                  static_cast<std::size_t>(c.Dv) * c.es);
+      g.ks[dst] = c.ks[src];
+      g.vs[dst] = c.vs[src];
+      for (std::int64_t d = 0; d < c.Dv; ++d) {
+        const double x = std::fabs(value_of(c.vp, c.dt, src * c.Dv + d, c.vs[src]));
+        if (std::isfinite(x)) g.vmax = std::fmax(g.vmax, x);  // not the poisoned rows
+      }
+    }
+  }
+  return g;
+}
+
+// Sequence b of a valid call: the paged reference (want) against the dense reference on the
+// gathered keys, and the fast path (out) against the paged reference. p_native: the extra
+// relative error of the native bf16 / int8 units, when the call ran there.
+void check_sequence(PagedCase& c, std::int64_t b, const float* out, const double* want,
+                    double p_native) {
+  const std::int64_t len = c.lens[b];
+  const std::size_t n = static_cast<std::size_t>(c.H * c.Lq * c.Dv);
+  if (len == 0) {  // out 0 (cpuattn.h), from both paths
+    for (std::size_t i = 0; i < n; ++i)
+      FUZZ_CHECK(out[i] == 0.0f && want[i] == 0.0,
+                 "sequence %lld of length 0: out[%zu] = %g, reference %g, not 0", (long long)b, i,
+                 out[i], want[i]);
+    return;
+  }
+  const Gathered g = gather_sequence(c, b);
+  AttentionOptions od = c.o;
+  if (c.scales) {
+    od.k_scales = TensorView::contiguous(g.ks.data(), DType::f32, {1, c.Hkv, len});
+    od.v_scales = TensorView::contiguous(g.vs.data(), DType::f32, {1, c.Hkv, len});
+  }
+  std::vector<double> dense(n);
+  reference_attention(
+      TensorView::contiguous(c.q.data() + b * c.H * c.Lq * c.D, DType::f32, {1, c.H, c.Lq, c.D}),
+      TensorView::contiguous(g.k.data(), c.dt, {1, c.Hkv, len, c.D}),
+      TensorView::contiguous(g.v.data(), c.dt, {1, c.Hkv, len, c.Dv}),
+      OutputView::contiguous(dense.data(), DType::f64, {1, c.H, c.Lq, c.Dv}), od);
+  double smax = 0;
+  for (float s : c.sinks) smax = std::fmax(smax, std::fabs(s));
+  const double D = static_cast<double>(c.D);
+  const double score_mag = std::sqrt(D) + (c.o.sinks ? smax : 0) + (c.o.alibi ? len : 0);
+  const double atol =
+      g.vmax * (8 * kEps * (std::sqrt(double(len)) + std::sqrt(D) * score_mag) + 1e-6 + p_native);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double w = want[i], d = dense[i], got = out[i];
+    FUZZ_CHECK(std::fabs(w - d) <= 1e-12 * (1 + std::fabs(d)),
+               "sequence %lld (len %lld, P %lld): paged reference out[%zu] = %.17g, dense "
+               "reference on the gathered keys %.17g",
+               (long long)b, (long long)len, (long long)c.P, i, w, d);
+    FUZZ_CHECK(std::fabs(got - w) <= atol,
+               "sequence %lld (len %lld, P %lld, target %d, %d threads, dtype %d): out[%zu] = "
+               "%.9g, reference %.9g, |diff| %.3g > %.3g",
+               (long long)b, (long long)len, (long long)c.P, c.target, c.threads,
+               static_cast<int>(c.dt), i, got, w, std::fabs(got - w), atol);
+  }
+}
+
+// bf16 pages on the native kernel (docs/precision.md): P rounded to bf16 (2^-8) and, in decoding
+// steps, Q split into bf16 hi + lo (2^-15 D scale max|q| max|k|, both <= 1 here). int8 pages
+// there: decoding steps' P V on VNNI, weights quantized per block of 128 keys, out off by 2^-9
+// max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1] / 127 (vmax >=
+// max|code| 0.5 / 127, and the error scales with max|code| too).
+double native_error(const PagedCase& c) {
+  const bool native_unit =
+      std::string(active_bf16_path(context(c.target, c.threads))) == "avx512_bf16";
+  if (!native_unit) return 0.0;
+  const double scale = c.o.scale ? *c.o.scale : 1.0 / std::sqrt(double(c.D));
+  if (c.dt == DType::bf16) return 0x1p-8 + 0x1p-15 * double(c.D) * scale;
+  return c.dt == DType::i8 ? 0x1p-8 : 0.0;
+}
+
+}  // namespace
+}  // namespace cpuattn::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace cpuattn;
+  using namespace cpuattn::fuzz;
+  Reader in(data, size);
+  PagedCase c;
+  std::mt19937 rng;
+  draw_pools(in, c, rng);
+  draw_table(in, c);
+  draw_options(in, c, rng);
+  if (c.valid && in.chance(50)) poison_unread_rows(in, c);
+
+  const PagedKv kv = paged_views(c);
+  const TensorView qv = TensorView::contiguous(c.q.data(), DType::f32, {c.B, c.H, c.Lq, c.D});
+  const std::size_t n_out = static_cast<std::size_t>(c.B * c.H * c.Lq * c.Dv);
   std::vector<float> out(n_out);
   std::memset(out.data(), 0xFF, n_out * 4);  // NaN, which no finite computation here gives
   bool threw = false;
   try {
-    attention(qv, kv, OutputView::contiguous(out.data(), DType::f32, {B, H, Lq, Dv}), o,
-              context(target, threads));
+    attention(qv, kv, OutputView::contiguous(out.data(), DType::f32, {c.B, c.H, c.Lq, c.Dv}), c.o,
+              context(c.target, c.threads));
   } catch (const Error&) {
     threw = true;
   }
-  FUZZ_CHECK(threw == !valid, "attention() %s, but the call is %s (B %lld P %lld dtype %d)",
-             threw ? "threw" : "returned", valid ? "valid" : "invalid", (long long)B, (long long)P,
-             static_cast<int>(dt));
+  FUZZ_CHECK(threw == !c.valid, "attention() %s, but the call is %s (B %lld P %lld dtype %d)",
+             threw ? "threw" : "returned", c.valid ? "valid" : "invalid", (long long)c.B,
+             (long long)c.P, static_cast<int>(c.dt));
   if (threw) {
     for (std::size_t i = 0; i < n_out; ++i) {
       std::uint32_t u;
@@ -254,75 +385,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     return 0;
   }
-
   std::vector<double> want(n_out);
-  reference_attention(qv, kv, OutputView::contiguous(want.data(), DType::f64, {B, H, Lq, Dv}), o);
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t len = lens[b];
-    const std::size_t off = static_cast<std::size_t>(b * H * Lq * Dv), n = n_out / B;
-    if (len == 0) {  // out 0 (cpuattn.h), from both paths
-      for (std::size_t i = off; i < off + n; ++i)
-        FUZZ_CHECK(out[i] == 0.0f && want[i] == 0.0,
-                   "sequence %lld of length 0: out[%zu] = %g, "
-                   "reference %g, not 0",
-                   (long long)b, i - off, out[i], want[i]);
-      continue;
-    }
-    // The sequence's keys gathered page by page, with their scales.
-    std::vector<unsigned char> kg(static_cast<std::size_t>(Hkv * len * D) * es),
-        vg(static_cast<std::size_t>(Hkv * len * Dv) * es);
-    std::vector<float> ksg(static_cast<std::size_t>(Hkv * len)), vsg(ksg.size());
-    double vmax = 0;
-    for (std::int64_t h = 0; h < Hkv; ++h) {
-      for (std::int64_t j = 0; j < len; ++j) {
-        const std::int64_t page = table[b * max_pages + j / P], row = j % P;
-        const std::int64_t src = (page * Hkv + h) * P + row, dst = h * len + j;
-        std::memcpy(&kg[static_cast<std::size_t>(dst * D) * es],
-                    &kp[static_cast<std::size_t>(src * D) * es], static_cast<std::size_t>(D) * es);
-        std::memcpy(&vg[static_cast<std::size_t>(dst * Dv) * es],
-                    &vp[static_cast<std::size_t>(src * Dv) * es],
-                    static_cast<std::size_t>(Dv) * es);
-        ksg[dst] = ks[src];
-        vsg[dst] = vs[src];
-        for (std::int64_t d = 0; d < Dv; ++d) {
-          const double x = std::fabs(value_of(vp, dt, src * Dv + d, vs[src]));
-          if (std::isfinite(x)) vmax = std::fmax(vmax, x);  // not the poisoned rows
-        }
-      }
-    }
-    AttentionOptions od = o;
-    if (scales) {
-      od.k_scales = TensorView::contiguous(ksg.data(), DType::f32, {1, Hkv, len});
-      od.v_scales = TensorView::contiguous(vsg.data(), DType::f32, {1, Hkv, len});
-    }
-    std::vector<double> dense(n);
-    reference_attention(
-        TensorView::contiguous(q.data() + b * H * Lq * D, DType::f32, {1, H, Lq, D}),
-        TensorView::contiguous(kg.data(), dt, {1, Hkv, len, D}),
-        TensorView::contiguous(vg.data(), dt, {1, Hkv, len, Dv}),
-        OutputView::contiguous(dense.data(), DType::f64, {1, H, Lq, Dv}), od);
-    double smax = 0;
-    for (float s : sinks) smax = std::fmax(smax, std::fabs(s));
-    const double score_mag = std::sqrt(double(D)) + (o.sinks ? smax : 0) + (o.alibi ? len : 0);
-    const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(D));
-    const double p_native = native      ? 0x1p-8 + 0x1p-15 * double(D) * scale
-                            : native_i8 ? 0x1p-8
-                                        : 0.0;
-    const double atol =
-        vmax *
-        (8 * kEps * (std::sqrt(double(len)) + std::sqrt(double(D)) * score_mag) + 1e-6 + p_native);
-    for (std::size_t i = 0; i < n; ++i) {
-      const double w = want[off + i], d = dense[i], g = out[off + i];
-      FUZZ_CHECK(std::fabs(w - d) <= 1e-12 * (1 + std::fabs(d)),
-                 "sequence %lld (len %lld, P %lld): paged reference out[%zu] = %.17g, dense "
-                 "reference on the gathered keys %.17g",
-                 (long long)b, (long long)len, (long long)P, i, w, d);
-      FUZZ_CHECK(std::fabs(g - w) <= atol,
-                 "sequence %lld (len %lld, P %lld, target %d, %d threads, dtype %d): out[%zu] = "
-                 "%.9g, reference %.9g, |diff| %.3g > %.3g",
-                 (long long)b, (long long)len, (long long)P, target, threads, static_cast<int>(dt),
-                 i, g, w, std::fabs(g - w), atol);
-    }
-  }
+  reference_attention(qv, kv,
+                      OutputView::contiguous(want.data(), DType::f64, {c.B, c.H, c.Lq, c.Dv}), c.o);
+  const double p_native = native_error(c);
+  const std::size_t per_seq = n_out / static_cast<std::size_t>(c.B);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    check_sequence(c, b, out.data() + b * per_seq, want.data() + b * per_seq, p_native);
   return 0;
 }
