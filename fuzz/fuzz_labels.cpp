@@ -79,100 +79,130 @@ struct Xml {
   std::string error;
 };
 
-Xml check_xml(std::string_view s) {
-  Xml x;
-  std::vector<std::string_view> open;
-  std::size_t i = 0;
-  int roots = 0;
-  auto fail = [&](const char* why) {
-    if (x.error.empty()) x.error = std::string(why) + " at byte " + std::to_string(i);
-  };
-  // Decodes character data or an attribute value up to `stop`; '<' never occurs in either.
-  auto decode = [&](char stop, std::string* out) {
-    while (i < s.size() && s[i] != stop) {
-      if (s[i] == '<' || (stop == '<' && s[i] == '>')) {
-        return fail("unescaped markup character");
-      }
-      if (s[i] != '&') {
-        if (out) out->push_back(s[i]);
-        ++i;
+class XmlChecker {
+ public:
+  explicit XmlChecker(std::string_view s) : s_(s) {}
+
+  Xml run() {
+    const std::string_view decl = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+    if (!s_.starts_with(decl)) fail("no XML declaration");
+    i_ = decl.size();
+    while (x_.error.empty() && i_ < s_.size()) {
+      if (s_[i_] != '<') {
+        text();
         continue;
       }
-      static const std::pair<std::string_view, char> kEntities[] = {
-          {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+      ++i_;
+      const bool go_on = i_ < s_.size() && s_[i_] == '/' ? end_tag() : start_tag();
+      if (!go_on) break;
+    }
+    if (x_.error.empty() && !open_.empty()) fail("unclosed element");
+    if (x_.error.empty() && roots_ != 1) fail("no root element");
+    return x_;
+  }
+
+ private:
+  void fail(const char* why) {
+    if (x_.error.empty()) x_.error = std::string(why) + " at byte " + std::to_string(i_);
+  }
+
+  // Decodes character data or an attribute value up to `stop`; '<' never occurs in either.
+  void decode(char stop, std::string* out) {
+    static const std::pair<std::string_view, char> kEntities[] = {
+        {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+    while (i_ < s_.size() && s_[i_] != stop) {
+      if (s_[i_] == '<' || (stop == '<' && s_[i_] == '>'))
+        return fail("unescaped markup character");
+      if (s_[i_] != '&') {
+        if (out) out->push_back(s_[i_]);
+        ++i_;
+        continue;
+      }
       bool known = false;
       for (const auto& [entity, c] : kEntities) {
-        if (s.substr(i).starts_with(entity)) {
+        if (s_.substr(i_).starts_with(entity)) {
           if (out) out->push_back(c);
-          i += entity.size();
+          i_ += entity.size();
           known = true;
           break;
         }
       }
       if (!known) return fail("'&' that starts no predefined entity");
     }
-  };
-  auto name = [&] {
-    const std::size_t start = i;
-    while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || s[i] == '-' ||
-                            s[i] == ':' || s[i] == '_')) {
-      ++i;
-    }
-    if (i == start) fail("expected a name");
-    return s.substr(start, i - start);
-  };
-  const std::string_view decl = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  if (!s.starts_with(decl)) fail("no XML declaration");
-  i = decl.size();
-  while (x.error.empty() && i < s.size()) {
-    if (s[i] != '<') {
-      std::string text;
-      decode('<', &text);
-      if (open.empty() && text.find_first_not_of(" \n") != std::string::npos) {
-        fail("text outside the root element");
-      }
-      if (!open.empty() && open.back() == "text") x.texts.back() += text;
-      if (!open.empty() && open.back() == "title") x.titles.back() += text;
-      continue;
-    }
-    ++i;
-    if (i < s.size() && s[i] == '/') {
-      ++i;
-      const std::string_view n = name();
-      if (open.empty() || open.back() != n || i >= s.size() || s[i] != '>') {
-        fail("mismatched end tag");
-        break;
-      }
-      ++i;
-      open.pop_back();
-      continue;
-    }
-    const std::string_view n = name();
-    if (open.empty() && ++roots > 1) fail("a second root element");
-    for (;;) {
-      while (i < s.size() && s[i] == ' ') ++i;
-      if (i >= s.size() || !x.error.empty()) return fail("unterminated tag"), x;
-      if (s[i] == '>' || s.substr(i).starts_with("/>")) break;
-      name();
-      if (!s.substr(i).starts_with("=\"")) return fail("attribute without =\"value\""), x;
-      i += 2;
-      decode('"', nullptr);
-      if (i >= s.size()) return fail("unterminated attribute value"), x;
-      ++i;
-    }
-    if (s[i] == '/') {
-      i += 2;  // empty-element tag
-      continue;
-    }
-    ++i;
-    open.push_back(n);
-    if (n == "text") x.texts.emplace_back();
-    if (n == "title") x.titles.emplace_back();
   }
-  if (x.error.empty() && !open.empty()) fail("unclosed element");
-  if (x.error.empty() && roots != 1) fail("no root element");
-  return x;
-}
+
+  std::string_view name() {
+    const std::size_t start = i_;
+    while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '-' ||
+                              s_[i_] == ':' || s_[i_] == '_')) {
+      ++i_;
+    }
+    if (i_ == start) fail("expected a name");
+    return s_.substr(start, i_ - start);
+  }
+
+  // Character data, kept for the <text> or <title> element it is in.
+  void text() {
+    std::string t;
+    decode('<', &t);
+    if (open_.empty() && t.find_first_not_of(" \n") != std::string::npos)
+      fail("text outside the root element");
+    if (!open_.empty() && open_.back() == "text") x_.texts.back() += t;
+    if (!open_.empty() && open_.back() == "title") x_.titles.back() += t;
+  }
+
+  // After "<": "/name>", closing the innermost open element. False on an error.
+  bool end_tag() {
+    ++i_;
+    const std::string_view n = name();
+    if (open_.empty() || open_.back() != n || i_ >= s_.size() || s_[i_] != '>') {
+      fail("mismatched end tag");
+      return false;
+    }
+    ++i_;
+    open_.pop_back();
+    return true;
+  }
+
+  // After "<": a name, attributes, then ">" (opening an element) or "/>". False on an error.
+  bool start_tag() {
+    const std::string_view n = name();
+    if (open_.empty() && ++roots_ > 1) fail("a second root element");
+    if (!attributes()) return false;
+    if (s_[i_] == '/') {
+      i_ += 2;  // empty-element tag
+      return true;
+    }
+    ++i_;
+    open_.push_back(n);
+    if (n == "text") x_.texts.emplace_back();
+    if (n == "title") x_.titles.emplace_back();
+    return true;
+  }
+
+  // name="value" pairs up to the tag's ">" or "/>" (left unread). False on an error.
+  bool attributes() {
+    for (;;) {
+      while (i_ < s_.size() && s_[i_] == ' ') ++i_;
+      if (i_ >= s_.size() || !x_.error.empty()) return fail("unterminated tag"), false;
+      if (s_[i_] == '>' || s_.substr(i_).starts_with("/>")) return true;
+      name();
+      if (!s_.substr(i_).starts_with("=\"")) return fail("attribute without =\"value\""), false;
+      i_ += 2;
+      decode('"', nullptr);
+      if (i_ >= s_.size()) return fail("unterminated attribute value"), false;
+      ++i_;
+    }
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+  int roots_ = 0;
+  std::vector<std::string_view> open_;
+  Xml x_;
+};
+
+Xml check_xml(std::string_view s) { return XmlChecker(s).run(); }
 
 void check_svg(const std::vector<std::string>& labels) {
   // A small square matrix: rows labelled in order, columns in reverse, one NaN and one +inf cell
