@@ -269,178 +269,199 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
   }
 }
 
-int run_bench(const Options& o) {
-  const std::vector<Point> points = make_points(o);
+// What a run measures: the points, the (target cap, provider) variants timed at each, the dtype
+// pairs and score variants, and the thread counts that the probes measure.
+struct BenchPlan {
+  std::vector<Point> points;
+  std::vector<Variant> variants;
+  Layout layout;
+  std::vector<DtypePair> dtype_pairs;
+  std::vector<int> threads;
+};
+
+BenchPlan plan_bench(const Options& o) {
+  BenchPlan bp;
+  bp.points = make_points(o);
   std::vector<Simd> providers;
   for (const auto& name : o.simd) providers.push_back(parse_simd(name));
   if (providers.empty()) providers.push_back(default_context().simd());
-  std::vector<Variant> variants;
   for (const auto& t : o.targets)
-    for (Simd s : providers) variants.push_back({parse_target(t), s});
-  const Layout layout = parse_layout(o.layout);
-  std::vector<DtypePair> dtype_pairs;
+    for (Simd s : providers) bp.variants.push_back({parse_target(t), s});
+  bp.layout = parse_layout(o.layout);
   for (const auto& name : o.variants) {
     const ScoreVariant sv = parse_variant(name);
     for (const auto& q : o.dtypes) {
       const DType qd = parse_dtype(q, "--dtype", false);
-      if (o.kv_dtypes.empty()) dtype_pairs.push_back({qd, qd, sv});
+      if (o.kv_dtypes.empty()) bp.dtype_pairs.push_back({qd, qd, sv});
       for (const auto& kv : o.kv_dtypes)
-        dtype_pairs.push_back({qd, parse_dtype(kv, "--kv-dtype", true), sv});
+        bp.dtype_pairs.push_back({qd, parse_dtype(kv, "--kv-dtype", true), sv});
     }
   }
-  std::vector<int> threads;
-  for (const Point& p : points) {
-    if (std::find(threads.begin(), threads.end(), p.threads) == threads.end())
-      threads.push_back(p.threads);
+  for (const Point& p : bp.points) {
+    if (std::find(bp.threads.begin(), bp.threads.end(), p.threads) == bp.threads.end())
+      bp.threads.push_back(p.threads);
   }
-  std::sort(threads.begin(), threads.end());
+  std::sort(bp.threads.begin(), bp.threads.end());
+  return bp;
+}
 
-  Probes probes;
-  probes.measure(variants, threads);
+// A measured (point, variant): its record so far, the work that makes its rates, and the target
+// cap whose probes put it in proportion.
+struct Row {
+  Json rec;
+  double flops, bytes;
+  bool memory_bound;
+  Target cap;
+  std::vector<WorkPart> parts;
+};
 
-  // A measured (point, variant): its record so far, the work that makes its rates, and the
-  // target cap whose probes put it in proportion.
-  struct Row {
-    Json rec;
-    double flops, bytes;
-    bool memory_bound;
-    Target cap;
-    std::vector<WorkPart> parts;
-  };
-  std::vector<Row> rows;
-  const auto start = std::chrono::steady_clock::now();
-  const bool tty = ::isatty(2) != 0;
-  bool progress_shown = false;
-  for (std::size_t pi = 0; pi < points.size(); ++pi) {
-    const Point& pt = points[pi];
-    // Inputs per point, freed before the next one: a sequence sweep's largest case alone is
-    // hundreds of MB.
-    // One case per dtype pair (each has its inputs); every (variant, dtype pair) is timed in turns.
-    std::vector<Case> cases;
-    for (const DtypePair& dp : dtype_pairs) {
-      cases.push_back(pt.custom
-                          ? attention_case(pt.shape, dp.q, dp.kv, dp.variant, layout)
-                          : make_case(pt.case_name, o.causal, dp.q, dp.kv, dp.variant, layout));
-    }
-    const Case& c = cases[0];
-    if (tty && std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
-      std::fprintf(stderr, "\r[%zu/%zu] %s %s, %d thread%s   ", pi + 1, points.size(),
-                   c.name.c_str(), c.dims.c_str(), pt.threads, pt.threads > 1 ? "s" : "");
-      progress_shown = true;
-    }
-    // One context per variant, timed in turns (run r of every variant, then run r + 1), so a
-    // neighbour's load on the shared machine falls on all variants alike.
-    std::vector<std::unique_ptr<Context>> ctxs;
-    for (const Variant& v : variants) {
-      ctxs.push_back(std::make_unique<Context>(pt.threads));
-      ctxs.back()->set_max_target(v.cap);
-      ctxs.back()->set_simd(v.simd);
-      for (const Case& dc : cases) dc.run(*ctxs.back());  // warm-up: scratch, page faults, threads
-    }
-    const std::size_t nd = cases.size();
-    // A threads sweep also probes the FMA rate right before and right after the point's timed
-    // runs: a neighbour that holds a core only during the cases escapes the run-wide probes
-    // (seen: S1 at 1.2x on 2 threads while those read 1.97x), not these. The lower reading is
-    // kept: the machine this point actually had.
-    const bool point_probe = o.sweep == "threads";
-    double point_fma = point_probe ? measure_fma_peak_gflops(pt.threads, ctxs[0].get()) : 0.0;
-    std::vector<std::vector<double>> ms(variants.size() * nd);
-    for (int r = 0; r < o.repeat; ++r) {
-      for (std::size_t i = 0; i < ms.size(); ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        cases[i % nd].run(*ctxs[i / nd]);
-        ms[i].push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count());
-      }
-    }
-    if (point_probe) {
-      point_fma = std::min(point_fma, measure_fma_peak_gflops(pt.threads, ctxs[0].get()));
-    }
+// The record of one (point, variant, dtype pair) from its sorted times (ms).
+Json point_record(const Options& o, const Point& pt, const Case& c, const Case& ci,
+                  const DtypePair& dp, Context& ctx, const std::vector<double>& ms) {
+  Json r;
+  r["shape"] = c.name;
+  r["dims"] = ci.dims;
+  if (pt.custom) {
+    const Shape& s = pt.shape;
+    r["B"] = s.B, r["H"] = s.H, r["Lq"] = s.Lq, r["Lk"] = s.Lk, r["D"] = s.D;
+    r["Hkv"] = s.Hkv, r["Dv"] = s.Dv, r["causal"] = s.causal;
+  }
+  if (!o.sweep.empty()) {
+    r["sweep"] = o.sweep;
+    r["value"] = pt.value;
+  }
+  r["threads"] = pt.threads;
+  r["target"] = target_name(active_target(&ctx));
+  r["simd"] = simd_name(active_simd(&ctx));
+  r["dtype"] = short_dtype_name(dp.q);
+  r["kv_dtype"] = short_dtype_name(dp.kv);
+  r["variant"] = variant_name(dp.variant);
+  if (ci.layout != nullptr) r["layout"] = ci.layout;
+  // Which products ran natively on bf16 (vdpbf16ps), for bf16 Q with bf16 K/V.
+  if (dp.q == DType::bf16 && dp.kv == DType::bf16) r["bf16_path"] = active_bf16_path(&ctx);
+  r["repeat"] = o.repeat;
+  r["median_ms"] = ms[ms.size() / 2];
+  r["best_ms"] = ms.front();
+  return r;
+}
+
+// On a terminal, once a run has taken 2 s: which point of how many runs now.
+struct Progress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  bool tty = ::isatty(2) != 0, shown = false;
+
+  void show(std::size_t i, std::size_t n, const Case& c, int threads) {
+    if (!tty || std::chrono::steady_clock::now() - start <= std::chrono::seconds(2)) return;
+    std::fprintf(stderr, "\r[%zu/%zu] %s %s, %d thread%s   ", i + 1, n, c.name.c_str(),
+                 c.dims.c_str(), threads, threads > 1 ? "s" : "");
+    shown = true;
+  }
+  void clear() const {
+    if (shown) std::fprintf(stderr, "\r%60s\r", "");
+  }
+};
+
+// Times point pi: every (variant, dtype pair) in turns, o.repeat runs each; appends their rows.
+void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress& progress,
+                std::vector<Row>& rows) {
+  const Point& pt = bp.points[pi];
+  // Inputs per point, freed before the next one: a sequence sweep's largest case alone is
+  // hundreds of MB.
+  // One case per dtype pair (each has its inputs); every (variant, dtype pair) is timed in turns.
+  std::vector<Case> cases;
+  for (const DtypePair& dp : bp.dtype_pairs) {
+    cases.push_back(pt.custom
+                        ? attention_case(pt.shape, dp.q, dp.kv, dp.variant, bp.layout)
+                        : make_case(pt.case_name, o.causal, dp.q, dp.kv, dp.variant, bp.layout));
+  }
+  progress.show(pi, bp.points.size(), cases[0], pt.threads);
+  // One context per variant, timed in turns (run r of every variant, then run r + 1), so a
+  // neighbour's load on the shared machine falls on all variants alike.
+  std::vector<std::unique_ptr<Context>> ctxs;
+  for (const Variant& v : bp.variants) {
+    ctxs.push_back(std::make_unique<Context>(pt.threads));
+    ctxs.back()->set_max_target(v.cap);
+    ctxs.back()->set_simd(v.simd);
+    for (const Case& dc : cases) dc.run(*ctxs.back());  // warm-up: scratch, page faults, threads
+  }
+  const std::size_t nd = cases.size();
+  // A threads sweep also probes the FMA rate right before and right after the point's timed
+  // runs: a neighbour that holds a core only during the cases escapes the run-wide probes
+  // (seen: S1 at 1.2x on 2 threads while those read 1.97x), not these. The lower reading is
+  // kept: the machine this point actually had.
+  const bool point_probe = o.sweep == "threads";
+  double point_fma = point_probe ? measure_fma_peak_gflops(pt.threads, ctxs[0].get()) : 0.0;
+  std::vector<std::vector<double>> ms(bp.variants.size() * nd);
+  for (int r = 0; r < o.repeat; ++r) {
     for (std::size_t i = 0; i < ms.size(); ++i) {
-      const Case& ci = cases[i % nd];
-      const Variant& vi = variants[i / nd];
-      Context& ctx = *ctxs[i / nd];
-      std::sort(ms[i].begin(), ms[i].end());
-      Json r;
-      r["shape"] = c.name;
-      r["dims"] = ci.dims;
-      if (pt.custom) {
-        const Shape& s = pt.shape;
-        r["B"] = s.B, r["H"] = s.H, r["Lq"] = s.Lq, r["Lk"] = s.Lk, r["D"] = s.D;
-        r["Hkv"] = s.Hkv, r["Dv"] = s.Dv, r["causal"] = s.causal;
-      }
-      if (!o.sweep.empty()) {
-        r["sweep"] = o.sweep;
-        r["value"] = pt.value;
-      }
-      r["threads"] = pt.threads;
-      r["target"] = target_name(active_target(&ctx));
-      r["simd"] = simd_name(active_simd(&ctx));
-      r["dtype"] = short_dtype_name(dtype_pairs[i % nd].q);
-      r["kv_dtype"] = short_dtype_name(dtype_pairs[i % nd].kv);
-      r["variant"] = variant_name(dtype_pairs[i % nd].variant);
-      if (ci.layout != nullptr) r["layout"] = ci.layout;
-      // Which products ran natively on bf16 (vdpbf16ps), for bf16 Q with bf16 K/V.
-      if (dtype_pairs[i % nd].q == DType::bf16 && dtype_pairs[i % nd].kv == DType::bf16)
-        r["bf16_path"] = active_bf16_path(&ctx);
-      r["repeat"] = o.repeat;
-      r["median_ms"] = ms[i][ms[i].size() / 2];
-      r["best_ms"] = ms[i].front();
-      if (point_probe) r["point_fma_gflops"] = point_fma;
-      rows.push_back({std::move(r), ci.flops, ci.bytes, ci.memory_bound, vi.cap, ci.parts});
+      const auto t0 = std::chrono::steady_clock::now();
+      cases[i % nd].run(*ctxs[i / nd]);
+      ms[i].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-  if (progress_shown) std::fprintf(stderr, "\r%60s\r", "");
-  probes.measure(variants, threads);
-
-  // Rates, proportions and (for a threads sweep) speed-up against 1 thread of the same case and
-  // variant.
-  std::vector<Json> recs;
-  for (Row& row : rows) {
-    Json& r = row.rec;
-    const int t = r["threads"].get<int>();
-    const double med = r["median_ms"].get<double>();
-    const auto key = std::make_pair(static_cast<int>(row.cap), t);
-    const double gflops = row.flops / (med * 1e-3) * 1e-9;
-    const double gbps = row.bytes / (med * 1e-3) * 1e-9;
-    r["gflops"] = gflops;
-    r["gbps"] = gbps;
-    r["peak_gflops"] = probes.peak[key];
-    r["pct_peak"] = 100.0 * gflops / probes.peak[key];
-    r["tile_gflops"] = probes.tile[key];
-    r["read_gbps"] = probes.bw[key];
-    if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
-    // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
-    // share of the peak or read time, whichever is longer, part after part.
-    const bool native = r.value("bf16_path", "") == "avx512_bf16";
-    r["limit_ms"] = limit_ms(row.parts, probes.peak[key], probes.bw[key], native);
-    r["limit"] = limit_kind(row.parts, probes.peak[key], probes.bw[key], native);
-    r["pct_limit"] = 100.0 * r["limit_ms"].get<double>() / med;
-    if (o.sweep == "threads") {
-      double base_ms = 0;
-      for (const Row& other : rows) {
-        const Json& q = other.rec;
-        if (q["threads"].get<int>() == 1 && q["dims"] == r["dims"] && q["target"] == r["target"] &&
-            q["simd"] == r["simd"] && q["dtype"] == r["dtype"] && q["kv_dtype"] == r["kv_dtype"]) {
-          base_ms = q["median_ms"].get<double>();
-        }
-      }
-      const double sp = base_ms > 0 ? base_ms / med : 0.0;
-      const auto key1 = std::make_pair(static_cast<int>(row.cap), 1);
-      r["speedup"] = sp;
-      r["efficiency"] = sp / t;
-      // This point's FMA probe against the run's best 1-thread reading: below the thread count
-      // when a core was shared while this point ran.
-      r["fma_speedup"] =
-          probes.peak.count(key1) ? r["point_fma_gflops"].get<double>() / probes.peak[key1] : 0.0;
-    }
-    r["machine"] = machine_json();
-    r["version"] = this_machine().version;
-    r["revision"] = this_machine().revision;
-    recs.push_back(r);
+  if (point_probe) {
+    point_fma = std::min(point_fma, measure_fma_peak_gflops(pt.threads, ctxs[0].get()));
   }
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const Case& ci = cases[i % nd];
+    std::sort(ms[i].begin(), ms[i].end());
+    Json r = point_record(o, pt, cases[0], ci, bp.dtype_pairs[i % nd], *ctxs[i / nd], ms[i]);
+    if (point_probe) r["point_fma_gflops"] = point_fma;
+    rows.push_back(
+        {std::move(r), ci.flops, ci.bytes, ci.memory_bound, bp.variants[i / nd].cap, ci.parts});
+  }
+}
 
+// Rates, proportions and (for a threads sweep) speed-up against 1 thread of the same case and
+// variant, completing row.rec.
+void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes& probes) {
+  Json& r = row.rec;
+  const int t = r["threads"].get<int>();
+  const double med = r["median_ms"].get<double>();
+  const auto key = std::make_pair(static_cast<int>(row.cap), t);
+  const double gflops = row.flops / (med * 1e-3) * 1e-9;
+  const double gbps = row.bytes / (med * 1e-3) * 1e-9;
+  r["gflops"] = gflops;
+  r["gbps"] = gbps;
+  r["peak_gflops"] = probes.peak[key];
+  r["pct_peak"] = 100.0 * gflops / probes.peak[key];
+  r["tile_gflops"] = probes.tile[key];
+  r["read_gbps"] = probes.bw[key];
+  if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
+  // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
+  // share of the peak or read time, whichever is longer, part after part.
+  const bool native = r.value("bf16_path", "") == "avx512_bf16";
+  r["limit_ms"] = limit_ms(row.parts, probes.peak[key], probes.bw[key], native);
+  r["limit"] = limit_kind(row.parts, probes.peak[key], probes.bw[key], native);
+  r["pct_limit"] = 100.0 * r["limit_ms"].get<double>() / med;
+  if (o.sweep == "threads") {
+    double base_ms = 0;
+    for (const Row& other : rows) {
+      const Json& q = other.rec;
+      if (q["threads"].get<int>() == 1 && q["dims"] == r["dims"] && q["target"] == r["target"] &&
+          q["simd"] == r["simd"] && q["dtype"] == r["dtype"] && q["kv_dtype"] == r["kv_dtype"]) {
+        base_ms = q["median_ms"].get<double>();
+      }
+    }
+    const double sp = base_ms > 0 ? base_ms / med : 0.0;
+    const auto key1 = std::make_pair(static_cast<int>(row.cap), 1);
+    r["speedup"] = sp;
+    r["efficiency"] = sp / t;
+    // This point's FMA probe against the run's best 1-thread reading: below the thread count
+    // when a core was shared while this point ran.
+    r["fma_speedup"] =
+        probes.peak.count(key1) ? r["point_fma_gflops"].get<double>() / probes.peak[key1] : 0.0;
+  }
+  r["machine"] = machine_json();
+  r["version"] = this_machine().version;
+  r["revision"] = this_machine().revision;
+}
+
+// The records as the table, and as JSON, CSV or Markdown on stdout or in --out (whose extension
+// names the format when no flag does).
+void write_results(const Options& o, const std::vector<Json>& recs, const Probes& probes,
+                   const BenchPlan& bp) {
   std::string fmt = o.json ? "json" : o.csv ? "csv" : o.md ? "md" : "";
   if (!o.out.empty()) {
     if (fmt.empty()) {
@@ -454,13 +475,30 @@ int run_bench(const Options& o) {
     std::ofstream f(o.out);
     f << format_records(recs, fmt);
     if (!f) throw std::runtime_error("--out '" + o.out + "': cannot write the file");
-    print_table(o, recs, probes, variants, threads);
+    print_table(o, recs, probes, bp.variants, bp.threads);
   } else if (fmt.empty()) {
-    print_table(o, recs, probes, variants, threads);
+    print_table(o, recs, probes, bp.variants, bp.threads);
   } else {
     std::fputs(format_records(recs, fmt).c_str(), stdout);
   }
   std::fflush(stdout);
+}
+
+int run_bench(const Options& o) {
+  const BenchPlan bp = plan_bench(o);
+  Probes probes;
+  probes.measure(bp.variants, bp.threads);
+  std::vector<Row> rows;
+  Progress progress;
+  for (std::size_t pi = 0; pi < bp.points.size(); ++pi) time_point(o, bp, pi, progress, rows);
+  progress.clear();
+  probes.measure(bp.variants, bp.threads);
+  std::vector<Json> recs;
+  for (Row& row : rows) {
+    add_rates(o, row, rows, probes);
+    recs.push_back(row.rec);
+  }
+  write_results(o, recs, probes, bp);
   return 0;
 }
 
