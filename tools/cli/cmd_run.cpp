@@ -94,8 +94,11 @@ void check_kind_options(const RunArgs& a, unsigned kind) {
   }
 }
 
-void run_sdpa(const RunArgs& a) {
-  // ---- Options that need no file.
+bool mask_is_file(const RunArgs& a) { return !a.mask.empty() && !is_causal_keyword(a.mask); }
+
+// The options that need no file (scale, causal mask, window, soft-cap, ALiBi), after checking
+// them and which files exist.
+AttentionOptions sdpa_options(const RunArgs& a) {
   AttentionOptions opts;
   if (a.scale_opt->count() > 0) {
     if (!(a.scale >= kMinScale && a.scale <= kMaxScale)) {
@@ -115,10 +118,10 @@ void run_sdpa(const RunArgs& a) {
   } else if (a.no_scale) {
     opts.scale = 1.0;
   }
-  const bool mask_is_file = !a.mask.empty() && !is_causal_keyword(a.mask);
+  const bool mask_file = mask_is_file(a);
   if (a.mask == "causal") opts.causal = Causal::top_left;
   if (a.mask == "causal-bottom-right") opts.causal = Causal::bottom_right;
-  if (mask_is_file && !path_exists(a.mask)) {
+  if (mask_file && !path_exists(a.mask)) {
     fail("--mask must be 'causal', 'causal-bottom-right' or an existing .npy file; got '" + a.mask +
          "'");
   }
@@ -146,7 +149,7 @@ void run_sdpa(const RunArgs& a) {
               {{"--q", a.q},
                {"--k", a.k},
                {"--v", a.v},
-               {"--mask", mask_is_file ? a.mask : std::string()},
+               {"--mask", mask_file ? a.mask : std::string()},
                {"--key-lengths", a.key_lengths},
                {"--alibi-slopes", a.alibi_slopes},
                {"--sinks", a.sinks},
@@ -155,21 +158,30 @@ void run_sdpa(const RunArgs& a) {
   const bool packed = !a.cu_q.empty() || !a.cu_k.empty();
   if (packed && (a.cu_q.empty() || a.cu_k.empty()))
     fail("--cu-seqlens-q and --cu-seqlens-k go together (packed batches)");
+  return opts;
+}
 
-  // ---- Inputs.
+// Q, K and V as read, and their 16-bit copies when the compute dtype is bf16 or f16.
+struct Qkv {
+  npy::Array q, k, v;
+  DType compute = DType::f32;
+  std::vector<std::uint16_t> half_q, half_k, half_v;
+};
+
+void load_qkv(const RunArgs& a, bool packed, Qkv& in) {
+  npy::Array &q = in.q, &k = in.k, &v = in.v;
+  DType& compute = in.compute;
   const char* const qkv_shapes = "rank 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]";
-  npy::Array q = load_float("Q", a.q, 2, 4, qkv_shapes, a.reference, true);
-  npy::Array k = load_float("K", a.k, 2, 4, qkv_shapes, a.reference, true);
-  npy::Array v = load_float("V", a.v, 2, 4, qkv_shapes, a.reference, true);
+  q = load_float("Q", a.q, 2, 4, qkv_shapes, a.reference, true);
+  k = load_float("K", a.k, 2, 4, qkv_shapes, a.reference, true);
+  v = load_float("V", a.v, 2, 4, qkv_shapes, a.reference, true);
   // The compute dtype: --dtype, else float16 when Q, K and V all are, else float32 (float64 with
   // --reference). Reduced-precision inputs are rounded to nearest even once, here.
-  DType compute = DType::f32;
   if (!a.dtype.empty()) {
     compute = a.dtype == "bf16" ? DType::bf16 : a.dtype == "f16" ? DType::f16 : DType::f32;
   } else if (q.dtype == DType::f16 && k.dtype == DType::f16 && v.dtype == DType::f16) {
     compute = DType::f16;
   }
-  std::vector<std::uint16_t> half_q, half_k, half_v;
   const auto narrow = [&](npy::Array& arr, std::vector<std::uint16_t>& half) {
     if (compute == DType::f32) {
       if (arr.dtype == DType::f16) arr = npy::to_f32(arr);
@@ -189,9 +201,9 @@ void run_sdpa(const RunArgs& a) {
     }
     arr = npy::to_f32(arr);  // shapes and strides for the views below; data from `half`
   };
-  narrow(q, half_q);
-  narrow(k, half_k);
-  narrow(v, half_v);
+  narrow(q, in.half_q);
+  narrow(k, in.half_k);
+  narrow(v, in.half_v);
   const int rank = q.rank();
   if (k.rank() != rank || v.rank() != rank) {
     fail("Q, K and V must have the same rank; got Q " + npy::shape_str(q.shape) + ", K " +
@@ -201,59 +213,77 @@ void run_sdpa(const RunArgs& a) {
     fail("with --cu-seqlens-q/k, Q, K and V are packed [total, heads, d] (rank 3); got Q " +
          npy::shape_str(q.shape));
   }
-  const std::int64_t Lk = k.shape[rank - 2];
+}
+
+// The optional input files (mask, key lengths, ALiBi slopes, sinks), loaded and put in opts.
+struct SdpaExtras {
+  npy::Array mask, key_lengths, slopes, sinks;
+};
+
+void load_extras(const RunArgs& a, const npy::Array& q, std::int64_t Lk, SdpaExtras& x,
+                 AttentionOptions& opts) {
+  const int rank = q.rank();
   // The scores in the inputs' rank: Q's shape with Lk last.
   const std::vector<std::int64_t> scores_shape = with_last(q.shape, Lk);
-
-  npy::Array mask;
-  if (mask_is_file) {
-    mask = load_mask(a.mask, scores_shape, "Q's shape with Lk last");
-    opts.mask = as_bhlx(npy::input_view(mask));
+  if (mask_is_file(a)) {
+    x.mask = load_mask(a.mask, scores_shape, "Q's shape with Lk last");
+    opts.mask = as_bhlx(npy::input_view(x.mask));
   }
-  npy::Array key_lengths;
   if (!a.key_lengths.empty()) {
-    key_lengths = load_key_lengths(a.key_lengths, rank == 2 ? 1 : q.shape[0], rank == 2);
-    opts.key_lengths = npy::input_view(key_lengths);
+    x.key_lengths = load_key_lengths(a.key_lengths, rank == 2 ? 1 : q.shape[0], rank == 2);
+    opts.key_lengths = npy::input_view(x.key_lengths);
   }
 
   // Per-head vectors [H] (H = 1 for rank-2 and rank-3 inputs), converted to float32.
-  npy::Array slopes, sinks;
   if (!a.alibi_slopes.empty()) {
-    slopes = npy::to_f32(load_float("alibi slopes", a.alibi_slopes, 1, 1, "rank 1 [H]", true),
-                         named("alibi slopes", a.alibi_slopes));
-    opts.alibi_slopes = npy::input_view(slopes);
+    x.slopes = npy::to_f32(load_float("alibi slopes", a.alibi_slopes, 1, 1, "rank 1 [H]", true),
+                           named("alibi slopes", a.alibi_slopes));
+    opts.alibi_slopes = npy::input_view(x.slopes);
   }
   if (!a.sinks.empty()) {
-    sinks = npy::to_f32(load_float("sinks", a.sinks, 1, 1, "rank 1 [H]", true),
-                        named("sinks", a.sinks));
-    opts.sinks = npy::input_view(sinks);
+    x.sinks = npy::to_f32(load_float("sinks", a.sinks, 1, 1, "rank 1 [H]", true),
+                          named("sinks", a.sinks));
+    opts.sinks = npy::input_view(x.sinks);
   }
+}
 
-  // ---- Outputs, in memory.
-  npy::Array out = npy::zeros(DType::f32, with_last(q.shape, v.shape.back()));
-  npy::Array lse, weights;
+// The outputs, in memory, and their views in opts.
+struct SdpaOutputs {
+  npy::Array out, lse, weights;
+};
+
+void make_outputs(const RunArgs& a, const Qkv& in, bool packed, SdpaOutputs& o,
+                  AttentionOptions& opts) {
+  const npy::Array &q = in.q, &v = in.v;
+  const std::vector<std::int64_t> scores_shape = with_last(q.shape, in.k.shape[q.rank() - 2]);
+  o.out = npy::zeros(DType::f32, with_last(q.shape, v.shape.back()));
   if (!a.lse.empty() && packed) {
-    lse = npy::zeros(DType::f32, {q.shape[1], q.shape[0]});  // [H, total_q]
-    opts.lse = npy::output_view(lse);
+    o.lse = npy::zeros(DType::f32, {q.shape[1], q.shape[0]});  // [H, total_q]
+    opts.lse = npy::output_view(o.lse);
   } else if (!a.lse.empty()) {
-    lse = npy::zeros(DType::f32, std::vector<std::int64_t>(q.shape.begin(), q.shape.end() - 1));
-    opts.lse = as_bhl(npy::output_view(lse));
+    o.lse = npy::zeros(DType::f32, std::vector<std::int64_t>(q.shape.begin(), q.shape.end() - 1));
+    opts.lse = as_bhl(npy::output_view(o.lse));
   }
   if (!a.weights.empty()) {
-    weights = npy::zeros(DType::f32, scores_shape);
-    opts.weights = as_bhlx(npy::output_view(weights));
+    o.weights = npy::zeros(DType::f32, scores_shape);
+    opts.weights = as_bhlx(npy::output_view(o.weights));
   }
+}
 
+// The call: fast path or reference, dense or packed.
+void call_sdpa(const RunArgs& a, Qkv& in, SdpaOutputs& o, const AttentionOptions& opts,
+               bool packed) {
+  const npy::Array &q = in.q, &k = in.k, &v = in.v;
   TensorView qv = as_bhlx(npy::input_view(q));
   TensorView kv = as_bhlx(npy::input_view(k));
   TensorView vv = as_bhlx(npy::input_view(v));
-  if (compute != DType::f32) {
+  if (const DType compute = in.compute; compute != DType::f32) {
     // Same shapes and element strides; the elements are the rounded 16-bit values.
-    qv.data = half_q.data(), qv.dtype = compute;
-    kv.data = half_k.data(), kv.dtype = compute;
-    vv.data = half_v.data(), vv.dtype = compute;
+    qv.data = in.half_q.data(), qv.dtype = compute;
+    kv.data = in.half_k.data(), kv.dtype = compute;
+    vv.data = in.half_v.data(), vv.dtype = compute;
   }
-  OutputView ov = as_bhlx(npy::output_view(out));
+  OutputView ov = as_bhlx(npy::output_view(o.out));
   if (packed) {
     // Packed [total, heads, d] views as they are; the library cuts them per sequence.
     const auto keep_data = [](TensorView& t, const TensorView& packed_view) {
@@ -265,7 +295,7 @@ void run_sdpa(const RunArgs& a) {
     keep_data(qv, npy::input_view(q));
     keep_data(kv, npy::input_view(k));
     keep_data(vv, npy::input_view(v));
-    ov = npy::output_view(out);
+    ov = npy::output_view(o.out);
     const npy::Array cq = npy::read(a.cu_q), ck = npy::read(a.cu_k);
     const TensorView cqv = npy::input_view(cq), ckv = npy::input_view(ck);
     if (a.reference) {
@@ -285,12 +315,23 @@ void run_sdpa(const RunArgs& a) {
     const std::unique_ptr<Context> context = make_context(a.threads, a.simd);
     attention(qv, kv, vv, ov, opts, context.get());
   }
+}
 
-  // ---- Files: all staged, then committed together, so that none is written if one fails.
+void run_sdpa(const RunArgs& a) {
+  AttentionOptions opts = sdpa_options(a);
+  const bool packed = !a.cu_q.empty() || !a.cu_k.empty();
+  Qkv in;
+  load_qkv(a, packed, in);
+  SdpaExtras extras;
+  load_extras(a, in.q, in.k.shape[in.k.rank() - 2], extras, opts);
+  SdpaOutputs o;
+  make_outputs(a, in, packed, o, opts);
+  call_sdpa(a, in, o, opts, packed);
+  // Files: all staged, then committed together, so that none is written if one fails.
   files::OutputFiles outputs;
-  if (!a.weights.empty()) outputs.stage(a.weights, npy::as_bytes(a.weights, weights));
-  if (!a.lse.empty()) outputs.stage(a.lse, npy::as_bytes(a.lse, lse));
-  outputs.stage(a.out, npy::as_bytes(a.out, out));
+  if (!a.weights.empty()) outputs.stage(a.weights, npy::as_bytes(a.weights, o.weights));
+  if (!a.lse.empty()) outputs.stage(a.lse, npy::as_bytes(a.lse, o.lse));
+  outputs.stage(a.out, npy::as_bytes(a.out, o.out));
   outputs.commit();
 }
 
@@ -403,6 +444,174 @@ void run(const RunArgs& a) {
   }
 }
 
+// Registers an option that only some kinds take.
+CLI::Option* only(RunArgs& a, CLI::Option* o, unsigned allowed, unsigned required = 0) {
+  a.kind_options.push_back({"--" + o->get_lnames().at(0), o, allowed, required});
+  return o;
+}
+
+// --kind and the inputs of each kind.
+void add_input_options(CLI::App* cmd, RunArgs& a) {
+  const unsigned kAlign = kAdditive | kMultiplicative;
+  cmd->add_option("--kind", a.kind,
+                  "sdpa (default): scaled dot-product attention of Q, K, V; additive: "
+                  "a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)); multiplicative: "
+                  "a_ij = softmax_j(h_i^T W s_j / sqrt(d_dec)). Both give OUT_i = sum_j a_ij s_j")
+      ->check(CLI::IsMember({"sdpa", "additive", "multiplicative"}))
+      ->type_name("sdpa|additive|multiplicative");
+  only(a, cmd->add_option("--q", a.q, "sdpa: queries [.., Lq, D] (.npy, float32 or float64)"),
+       kSdpa, kSdpa)
+      ->type_name("Q.npy");
+  only(a, cmd->add_option("--k", a.k, "sdpa: keys [.., Lk, D], same rank as Q"), kSdpa, kSdpa)
+      ->type_name("K.npy");
+  only(a, cmd->add_option("--v", a.v, "sdpa: values [.., Lk, Dv], same rank as Q"), kSdpa, kSdpa)
+      ->type_name("V.npy");
+  only(a,
+       cmd->add_option("--h", a.h,
+                       "additive/multiplicative: decoder states [B, Lq, d_dec] or [Lq, d_dec]"),
+       kAlign, kAlign)
+      ->type_name("H.npy");
+  only(a,
+       cmd->add_option("--s", a.s,
+                       "additive/multiplicative: encoder states [B, Lk, d_enc] or [Lk, d_enc], "
+                       "same rank as H"),
+       kAlign, kAlign)
+      ->type_name("S.npy");
+  only(a,
+       cmd->add_option("--values", a.values,
+                       "additive/multiplicative: what is averaged, [B, Lk, dv] (default: S)"),
+       kAlign)
+      ->type_name("VALS.npy");
+  only(a, cmd->add_option("--w1", a.w1, "additive: W1 [d_dec, A], applied to H"), kAdditive,
+       kAdditive)
+      ->type_name("W1.npy");
+  only(a, cmd->add_option("--w2", a.w2, "additive: W2 [d_enc, A], applied to S"), kAdditive,
+       kAdditive)
+      ->type_name("W2.npy");
+  only(a, cmd->add_option("--va", a.va, "additive: the vector v [A]"), kAdditive, kAdditive)
+      ->type_name("V.npy");
+  only(a, cmd->add_option("--b1", a.b1, "additive: bias b1 [A]"), kAdditive)->type_name("B1.npy");
+  only(a, cmd->add_option("--b2", a.b2, "additive: bias b2 [A]"), kAdditive)->type_name("B2.npy");
+  only(a, cmd->add_option("--w", a.w, "multiplicative: W [d_dec, d_enc]"), kMultiplicative,
+       kMultiplicative)
+      ->type_name("W.npy");
+  only(a,
+       cmd->add_flag("--unscaled", a.unscaled,
+                     "multiplicative: scores h^T W s without the 1/sqrt(d_dec) factor"),
+       kMultiplicative);
+}
+
+// The output and the masks every kind takes.
+void add_output_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("--out", a.out,
+                  "Output [.., Lq, Dv], float32. Written atomically and only if the run succeeds")
+      ->required()
+      ->type_name("OUT.npy");
+  cmd->add_option("--mask", a.mask,
+                  "'causal' (query i sees keys j <= i), 'causal-bottom-right' (query i sees keys "
+                  "j <= i + Lk - Lq, for KV-cache decoding), or a .npy mask broadcastable (NumPy "
+                  "rules) to the scores [.., Lq, Lk]: bool (true = may attend) or float32/float64 "
+                  "(added to the scaled scores, e.g. -inf or -1e9 to block). additive and "
+                  "multiplicative take a .npy mask only")
+      ->type_name("causal|causal-bottom-right|MASK.npy");
+  cmd->add_option("--key-lengths", a.key_lengths,
+                  "int32/int64 .npy of shape [B]: in batch b only keys 0..len[b]-1 are attended "
+                  "(padded batches). Rank-2 inputs are one batch")
+      ->type_name("LEN.npy");
+}
+
+// sdpa's scale, its extra outputs, threads, provider and compute dtype.
+void add_scale_options(CLI::App* cmd, RunArgs& a) {
+  auto* scale = only(a,
+                     cmd->add_option("--scale", a.scale,
+                                     "sdpa: multiply Q K^T by S (finite, > 0). Default 1/sqrt(D)"),
+                     kSdpa)
+                    ->type_name("S");
+  auto* temperature = only(a,
+                           cmd->add_option("--temperature", a.temperature,
+                                           "sdpa: softmax temperature T (finite, > 0): scale = "
+                                           "1/T. Small T approaches argmax"),
+                           kSdpa)
+                          ->type_name("T");
+  auto* no_scale = only(
+      a, cmd->add_flag("--no-scale", a.no_scale, "sdpa: scale 1, plain softmax(Q K^T)"), kSdpa);
+  scale->excludes(temperature);
+  scale->excludes(no_scale);
+  temperature->excludes(no_scale);
+  a.scale_opt = scale;
+  a.temperature_opt = temperature;
+  only(a,
+       cmd->add_option("--lse", a.lse,
+                       "sdpa: also write the log-sum-exp of each row's scaled, masked scores "
+                       "[.., Lq] (float32; -inf for a fully masked row)"),
+       kSdpa)
+      ->type_name("LSE.npy");
+  cmd->add_option("--weights", a.weights,
+                  "Also write the attention weights (each row sums to 1) [.., Lq, Lk] (float32)")
+      ->type_name("W.npy");
+  add_threads_option(*cmd, a.threads);
+  add_simd_option(*cmd, a.simd);
+  only(a,
+       cmd->add_option("--dtype", a.dtype,
+                       "sdpa: round Q, K and V to this dtype (nearest even) and compute with it: "
+                       "f32, bf16 or f16 (default: f16 when all three files are '<f2', else f32); "
+                       "outputs stay float32")
+           ->check(CLI::IsMember({"f32", "bf16", "f16"})),
+       kSdpa);
+}
+
+// sdpa's score variants, packed batches and the reference.
+void add_variant_options(CLI::App* cmd, RunArgs& a) {
+  only(a,
+       cmd->add_option("--window", a.window,
+                       "sdpa: sliding window: query i (at position p = i + Lk - Lq among the keys) "
+                       "attends key j only if p - LEFT <= j <= p + RIGHT; -1 = unbounded on that "
+                       "side. Combines with --mask and --key-lengths"),
+       kSdpa)
+      ->type_name("LEFT,RIGHT");
+  a.softcap_opt =
+      only(a,
+           cmd->add_option("--softcap", a.softcap,
+                           "sdpa: soft-cap the scaled scores, s <- C tanh(s / C), before ALiBi and "
+                           "masks (C finite, > 0)"),
+           kSdpa)
+          ->type_name("C");
+  auto* alibi = only(a,
+                     cmd->add_flag("--alibi", a.alibi,
+                                   "sdpa: ALiBi with the standard slopes of H heads: "
+                                   "s <- s - slope_h |p - j|, after soft-capping"),
+                     kSdpa);
+  auto* alibi_slopes = only(a,
+                            cmd->add_option("--alibi-slopes", a.alibi_slopes,
+                                            "sdpa: ALiBi with these slopes, float32/float64 [H]"),
+                            kSdpa)
+                           ->type_name("S.npy");
+  alibi->excludes(alibi_slopes);
+  only(a,
+       cmd->add_option("--sinks", a.sinks,
+                       "sdpa: one sink logit per head, float32/float64 [H] (finite or -inf), "
+                       "added to each row's softmax denominator only (weights then sum below 1)"),
+       kSdpa)
+      ->type_name("SINKS.npy");
+  only(a,
+       cmd->add_option("--cu-seqlens-q", a.cu_q,
+                       "sdpa: packed variable-length batch: int32/int64 [B + 1] offsets of each "
+                       "sequence's queries in Q [total_q, H, D] (with --cu-seqlens-k; Q, K, V "
+                       "rank 3; each sequence attends to its own keys; LSE is [H, total_q])"),
+       kSdpa)
+      ->type_name("CQ.npy");
+  only(a,
+       cmd->add_option("--cu-seqlens-k", a.cu_k,
+                       "sdpa: the offsets of each sequence's keys in K and V [total_k, Hkv, D]"),
+       kSdpa)
+      ->type_name("CK.npy");
+  only(a,
+       cmd->add_flag("--reference", a.reference,
+                     "sdpa: use the slow double-precision reference implementation instead of "
+                     "the fast path (float64 inputs are used as is)"),
+       kSdpa);
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, int& exit_code) {
@@ -412,141 +621,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
       "Run attention on .npy files: OUT = softmax(scale * Q K^T + mask) V (--kind sdpa), or "
       "additive (Bahdanau) / multiplicative (Luong) attention of decoder states over encoder "
       "states");
-  // Registers an option that only some kinds take.
-  const auto only = [&args](CLI::Option* o, unsigned allowed, unsigned required = 0) {
-    args->kind_options.push_back({"--" + o->get_lnames().at(0), o, allowed, required});
-    return o;
-  };
-  const unsigned kAlign = kAdditive | kMultiplicative;
-  cmd->add_option("--kind", args->kind,
-                  "sdpa (default): scaled dot-product attention of Q, K, V; additive: "
-                  "a_ij = softmax_j(v^T tanh(W1 h_i + b1 + W2 s_j + b2)); multiplicative: "
-                  "a_ij = softmax_j(h_i^T W s_j / sqrt(d_dec)). Both give OUT_i = sum_j a_ij s_j")
-      ->check(CLI::IsMember({"sdpa", "additive", "multiplicative"}))
-      ->type_name("sdpa|additive|multiplicative");
-  only(cmd->add_option("--q", args->q, "sdpa: queries [.., Lq, D] (.npy, float32 or float64)"),
-       kSdpa, kSdpa)
-      ->type_name("Q.npy");
-  only(cmd->add_option("--k", args->k, "sdpa: keys [.., Lk, D], same rank as Q"), kSdpa, kSdpa)
-      ->type_name("K.npy");
-  only(cmd->add_option("--v", args->v, "sdpa: values [.., Lk, Dv], same rank as Q"), kSdpa, kSdpa)
-      ->type_name("V.npy");
-  only(cmd->add_option("--h", args->h,
-                       "additive/multiplicative: decoder states [B, Lq, d_dec] or [Lq, d_dec]"),
-       kAlign, kAlign)
-      ->type_name("H.npy");
-  only(cmd->add_option("--s", args->s,
-                       "additive/multiplicative: encoder states [B, Lk, d_enc] or [Lk, d_enc], "
-                       "same rank as H"),
-       kAlign, kAlign)
-      ->type_name("S.npy");
-  only(cmd->add_option("--values", args->values,
-                       "additive/multiplicative: what is averaged, [B, Lk, dv] (default: S)"),
-       kAlign)
-      ->type_name("VALS.npy");
-  only(cmd->add_option("--w1", args->w1, "additive: W1 [d_dec, A], applied to H"), kAdditive,
-       kAdditive)
-      ->type_name("W1.npy");
-  only(cmd->add_option("--w2", args->w2, "additive: W2 [d_enc, A], applied to S"), kAdditive,
-       kAdditive)
-      ->type_name("W2.npy");
-  only(cmd->add_option("--va", args->va, "additive: the vector v [A]"), kAdditive, kAdditive)
-      ->type_name("V.npy");
-  only(cmd->add_option("--b1", args->b1, "additive: bias b1 [A]"), kAdditive)->type_name("B1.npy");
-  only(cmd->add_option("--b2", args->b2, "additive: bias b2 [A]"), kAdditive)->type_name("B2.npy");
-  only(cmd->add_option("--w", args->w, "multiplicative: W [d_dec, d_enc]"), kMultiplicative,
-       kMultiplicative)
-      ->type_name("W.npy");
-  only(cmd->add_flag("--unscaled", args->unscaled,
-                     "multiplicative: scores h^T W s without the 1/sqrt(d_dec) factor"),
-       kMultiplicative);
-  cmd->add_option("--out", args->out,
-                  "Output [.., Lq, Dv], float32. Written atomically and only if the run succeeds")
-      ->required()
-      ->type_name("OUT.npy");
-  cmd->add_option("--mask", args->mask,
-                  "'causal' (query i sees keys j <= i), 'causal-bottom-right' (query i sees keys "
-                  "j <= i + Lk - Lq, for KV-cache decoding), or a .npy mask broadcastable (NumPy "
-                  "rules) to the scores [.., Lq, Lk]: bool (true = may attend) or float32/float64 "
-                  "(added to the scaled scores, e.g. -inf or -1e9 to block). additive and "
-                  "multiplicative take a .npy mask only")
-      ->type_name("causal|causal-bottom-right|MASK.npy");
-  cmd->add_option("--key-lengths", args->key_lengths,
-                  "int32/int64 .npy of shape [B]: in batch b only keys 0..len[b]-1 are attended "
-                  "(padded batches). Rank-2 inputs are one batch")
-      ->type_name("LEN.npy");
-  auto* scale = only(cmd->add_option("--scale", args->scale,
-                                     "sdpa: multiply Q K^T by S (finite, > 0). Default 1/sqrt(D)"),
-                     kSdpa)
-                    ->type_name("S");
-  auto* temperature = only(cmd->add_option("--temperature", args->temperature,
-                                           "sdpa: softmax temperature T (finite, > 0): scale = "
-                                           "1/T. Small T approaches argmax"),
-                           kSdpa)
-                          ->type_name("T");
-  auto* no_scale = only(
-      cmd->add_flag("--no-scale", args->no_scale, "sdpa: scale 1, plain softmax(Q K^T)"), kSdpa);
-  scale->excludes(temperature);
-  scale->excludes(no_scale);
-  temperature->excludes(no_scale);
-  args->scale_opt = scale;
-  args->temperature_opt = temperature;
-  only(cmd->add_option("--lse", args->lse,
-                       "sdpa: also write the log-sum-exp of each row's scaled, masked scores "
-                       "[.., Lq] (float32; -inf for a fully masked row)"),
-       kSdpa)
-      ->type_name("LSE.npy");
-  cmd->add_option("--weights", args->weights,
-                  "Also write the attention weights (each row sums to 1) [.., Lq, Lk] (float32)")
-      ->type_name("W.npy");
-  add_threads_option(*cmd, args->threads);
-  add_simd_option(*cmd, args->simd);
-  only(cmd->add_option("--dtype", args->dtype,
-                       "sdpa: round Q, K and V to this dtype (nearest even) and compute with it: "
-                       "f32, bf16 or f16 (default: f16 when all three files are '<f2', else f32); "
-                       "outputs stay float32")
-           ->check(CLI::IsMember({"f32", "bf16", "f16"})),
-       kSdpa);
-  only(cmd->add_option("--window", args->window,
-                       "sdpa: sliding window: query i (at position p = i + Lk - Lq among the keys) "
-                       "attends key j only if p - LEFT <= j <= p + RIGHT; -1 = unbounded on that "
-                       "side. Combines with --mask and --key-lengths"),
-       kSdpa)
-      ->type_name("LEFT,RIGHT");
-  args->softcap_opt =
-      only(cmd->add_option("--softcap", args->softcap,
-                           "sdpa: soft-cap the scaled scores, s <- C tanh(s / C), before ALiBi and "
-                           "masks (C finite, > 0)"),
-           kSdpa)
-          ->type_name("C");
-  auto* alibi = only(cmd->add_flag("--alibi", args->alibi,
-                                   "sdpa: ALiBi with the standard slopes of H heads: "
-                                   "s <- s - slope_h |p - j|, after soft-capping"),
-                     kSdpa);
-  auto* alibi_slopes = only(cmd->add_option("--alibi-slopes", args->alibi_slopes,
-                                            "sdpa: ALiBi with these slopes, float32/float64 [H]"),
-                            kSdpa)
-                           ->type_name("S.npy");
-  alibi->excludes(alibi_slopes);
-  only(cmd->add_option("--sinks", args->sinks,
-                       "sdpa: one sink logit per head, float32/float64 [H] (finite or -inf), "
-                       "added to each row's softmax denominator only (weights then sum below 1)"),
-       kSdpa)
-      ->type_name("SINKS.npy");
-  only(cmd->add_option("--cu-seqlens-q", args->cu_q,
-                       "sdpa: packed variable-length batch: int32/int64 [B + 1] offsets of each "
-                       "sequence's queries in Q [total_q, H, D] (with --cu-seqlens-k; Q, K, V "
-                       "rank 3; each sequence attends to its own keys; LSE is [H, total_q])"),
-       kSdpa)
-      ->type_name("CQ.npy");
-  only(cmd->add_option("--cu-seqlens-k", args->cu_k,
-                       "sdpa: the offsets of each sequence's keys in K and V [total_k, Hkv, D]"),
-       kSdpa)
-      ->type_name("CK.npy");
-  only(cmd->add_flag("--reference", args->reference,
-                     "sdpa: use the slow double-precision reference implementation instead of "
-                     "the fast path (float64 inputs are used as is)"),
-       kSdpa);
+  add_input_options(cmd, *args);
+  add_output_options(cmd, *args);
+  add_scale_options(cmd, *args);
+  add_variant_options(cmd, *args);
   cmd->footer(
       "sdpa: Q, K and V have the same rank: 2 [L, D], 3 [B, L, D] or 4 [B, H, L, D]. With rank 4, "
       "K and V may have fewer heads than Q (grouped-query attention). V's last dimension Dv may "
