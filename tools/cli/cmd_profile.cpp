@@ -40,73 +40,51 @@ struct Options {
   std::string layout = "bhld";
 };
 
-int run_profile(const Options& o) {
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const DType qd = parse_dtype(o.dtype, "--dtype", false);
-  const DType kvd = o.kv_dtype.empty() ? qd : parse_dtype(o.kv_dtype, "--kv-dtype", true);
-  const Case c = make_case(o.shape, o.causal, qd, kvd, ScoreVariant::plain, parse_layout(o.layout));
-  // The case runs in this arena on a context that uses the caller's arena, so that the counters'
-  // observer sees every thread that runs it.
-  tbb::task_arena arena(threads);
-  ThreadCounters counters(arena);
-  Context ctx(0);
-  ctx.set_max_target(parse_target(o.target));
-  if (!o.simd.empty()) ctx.set_simd(parse_simd(o.simd));
-  const auto once = [&] { arena.execute([&] { c.run(ctx); }); };
+// The machine's ceilings, the best reading of each over the probes.
+struct Ceilings {
+  double peak = 0, tile = 0, bw = 0;  // FMA GFLOP/s, score micro-kernel GFLOP/s, read GB/s
+};
 
-  // The ceilings are measured before and after the calls and the best reading of each is kept,
-  // as in `cpuattn bench`: a neighbour on a shared core during one probe would lower it.
-  Context probe_ctx(threads);
-  probe_ctx.set_max_target(ctx.max_target());
-  probe_ctx.set_simd(ctx.simd());
-  double peak = 0, tile = 0, bw = 0;
-  const auto probe = [&] {
-    peak = std::max(peak, measure_fma_peak_gflops(threads, &probe_ctx));
-    tile = std::max(tile, measure_tile_gflops(threads, &probe_ctx));
-    bw = std::max(bw, measure_read_bandwidth_gbps(threads, std::size_t{1} << 30, &probe_ctx));
-  };
-  probe();
+// The median call (by wall time), the one described, and what follows from it.
+struct Summary {
+  const CallProfile* m = nullptr;
+  double best_ms = 0, total = 0, capacity = 0;
+  int slots = 0;
+  double busy_sum = 0, busy_max = 0, busy_mean = 0;
+  // Roofline: the time the work would take at each ceiling, against the measured time.
+  double gflops = 0, t_fma = 0, t_mem = 0, intensity = 0, balance = 0;
+  bool compute_bound = false;
+};
 
-  once();  // warm-up: scratch, page faults, thread start
-  std::vector<CallProfile> calls;
-  {
-    ProfileSession session(/*spans=*/!o.trace.empty());
-    counters.enable();
-    for (int r = 0; r < o.repeat; ++r) once();
-    counters.disable();
-    calls = session.take();
-  }
-  if (calls.empty()) throw std::runtime_error("no call was recorded");
-  probe();
-  if (!o.trace.empty()) write_chrome_trace(calls, o.trace);
-
-  // The median call (by wall time) is the one described.
+Summary summarize(const std::vector<CallProfile>& calls, const Ceilings& ce) {
   std::vector<std::size_t> order(calls.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return calls[a].wall_ms < calls[b].wall_ms; });
-  const CallProfile& m = calls[order[order.size() / 2]];
-  const double best_ms = calls[order.front()].wall_ms;
-  const double total = m.phase_total_ms();
-  const double capacity = m.wall_ms * m.threads;
-  const int slots = m.threads;
-  double busy_sum = 0, busy_max = 0;
-  for (int t = 0; t < slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t) {
-    busy_sum += m.thread_busy_ms[t];
-    busy_max = std::max(busy_max, m.thread_busy_ms[t]);
+  Summary s;
+  s.m = &calls[order[order.size() / 2]];
+  const CallProfile& m = *s.m;
+  s.best_ms = calls[order.front()].wall_ms;
+  s.total = m.phase_total_ms();
+  s.capacity = m.wall_ms * m.threads;
+  s.slots = m.threads;
+  for (int t = 0; t < s.slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t) {
+    s.busy_sum += m.thread_busy_ms[t];
+    s.busy_max = std::max(s.busy_max, m.thread_busy_ms[t]);
   }
-  const double busy_mean = busy_sum / slots;
-  // Roofline: the time the work would take at each ceiling, against the measured time.
-  const double gflops = m.gflops();
-  const double t_fma = m.flops / (peak * 1e9) * 1e3;  // ms
-  const double t_mem = m.bytes / (bw * 1e9) * 1e3;
-  const double intensity = m.bytes > 0 ? m.flops / m.bytes : 0;
-  const double balance = peak / bw;
-  const bool compute_bound = t_fma >= t_mem;
-  const auto hw = counters.read();
+  s.busy_mean = s.busy_sum / s.slots;
+  s.gflops = m.gflops();
+  s.t_fma = m.flops / (ce.peak * 1e9) * 1e3;  // ms
+  s.t_mem = m.bytes / (ce.bw * 1e9) * 1e3;
+  s.intensity = m.bytes > 0 ? m.flops / m.bytes : 0;
+  s.balance = ce.peak / ce.bw;
+  s.compute_bound = s.t_fma >= s.t_mem;
+  return s;
+}
 
+Json profile_json(const Options& o, const Case& c, const Summary& s, const Ceilings& ce,
+                  const ThreadCounters& counters, const std::vector<ThreadCounters::Value>& hw) {
+  const CallProfile& m = *s.m;
   Json j;
   j["op"] = m.op;
   j["shape"] = c.name;
@@ -124,32 +102,32 @@ int run_profile(const Options& o) {
   j["path"] = m.path;
   j["repeat"] = o.repeat;
   j["median_ms"] = m.wall_ms;
-  j["best_ms"] = best_ms;
-  j["gflops"] = gflops;
+  j["best_ms"] = s.best_ms;
+  j["gflops"] = s.gflops;
   j["gbps"] = m.gbps();
   Json ph = Json::object();
   for (int p = 0; p < kNumPhases; ++p) {
     if (m.phase_ms[p] <= 0) continue;
-    ph[phase_name(static_cast<Phase>(p))] = {{"ms", m.phase_ms[p]},
-                                             {"share", total > 0 ? m.phase_ms[p] / total : 0.0}};
+    ph[phase_name(static_cast<Phase>(p))] = {
+        {"ms", m.phase_ms[p]}, {"share", s.total > 0 ? m.phase_ms[p] / s.total : 0.0}};
   }
   j["phases"] = ph;
-  j["phase_total_ms"] = total;
-  j["wall_x_threads_ms"] = capacity;
+  j["phase_total_ms"] = s.total;
+  j["wall_x_threads_ms"] = s.capacity;
   j["thread_busy_ms"] = std::vector<double>(
       m.thread_busy_ms.begin(),
-      m.thread_busy_ms.begin() + std::min<std::size_t>(slots, m.thread_busy_ms.size()));
-  j["imbalance"] = busy_mean > 0 ? busy_max / busy_mean : 0.0;
-  j["roofline"] = {{"fma_peak_gflops", peak},
-                   {"tile_gflops", tile},
-                   {"read_gbps", bw},
-                   {"pct_fma_peak", 100 * gflops / peak},
-                   {"pct_tile", 100 * gflops / tile},
+      m.thread_busy_ms.begin() + std::min<std::size_t>(s.slots, m.thread_busy_ms.size()));
+  j["imbalance"] = s.busy_mean > 0 ? s.busy_max / s.busy_mean : 0.0;
+  j["roofline"] = {{"fma_peak_gflops", ce.peak},
+                   {"tile_gflops", ce.tile},
+                   {"read_gbps", ce.bw},
+                   {"pct_fma_peak", 100 * s.gflops / ce.peak},
+                   {"pct_tile", 100 * s.gflops / ce.tile},
                    {"bytes", m.bytes},
-                   {"pct_read_bw", 100 * m.gbps() / bw},
-                   {"flop_per_byte", intensity},
-                   {"machine_balance", balance},
-                   {"bound", compute_bound ? "compute" : "memory"}};
+                   {"pct_read_bw", 100 * m.gbps() / ce.bw},
+                   {"flop_per_byte", s.intensity},
+                   {"machine_balance", s.balance},
+                   {"bound", s.compute_bound ? "compute" : "memory"}};
   Json cj = Json::object();
   for (const auto& v : hw) cj[v.name] = v.value;
   j["counters"] = cj;
@@ -160,11 +138,13 @@ int run_profile(const Options& o) {
   j["version"] = mach.version;
   j["revision"] = mach.revision;
   if (!o.trace.empty()) j["trace"] = o.trace;
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
+  return j;
+}
 
+// The header, the phases of the median call and the threads' busy time.
+void print_phases(const Options& o, const Case& c, const Summary& s) {
+  const CallProfile& m = *s.m;
+  const Machine& mach = this_machine();
   std::printf("cpuattn profile: %s %s (%s), mask %s, f32, target %s, simd %s, %d thread%s\n",
               c.name.c_str(), c.dims.c_str(), m.op.c_str(), m.mask.c_str(), target_name(m.target),
               simd_name(m.simd), m.threads, m.threads > 1 ? "s" : "");
@@ -175,35 +155,42 @@ int run_profile(const Options& o) {
   std::printf(
       "%d calls: median %.3f ms (best %.3f), %.1f GFLOP/s; plan: %lld tasks, %lld key "
       "split%s, path %s\n\n",
-      o.repeat, m.wall_ms, best_ms, gflops, static_cast<long long>(m.tasks),
+      o.repeat, m.wall_ms, s.best_ms, s.gflops, static_cast<long long>(m.tasks),
       static_cast<long long>(m.k_splits), m.k_splits > 1 ? "s" : "", m.path.c_str());
   std::printf("Phases of the median call (thread time, summed over threads):\n");
   std::printf("  %-10s %10s %7s\n", "phase", "ms", "share");
   for (int p = 0; p < kNumPhases; ++p) {
     if (m.phase_ms[p] <= 0) continue;
     std::printf("  %-10s %10.3f %6.1f%%\n", phase_name(static_cast<Phase>(p)), m.phase_ms[p],
-                100 * m.phase_ms[p] / total);
+                100 * m.phase_ms[p] / s.total);
   }
   std::printf(
       "  %-10s %10.3f  = %.1f%% of wall x threads (%.3f ms); the rest is idle time,\n"
       "  scheduling and the work outside tasks (validation, planning)\n\n",
-      "total", total, 100 * total / capacity, capacity);
+      "total", s.total, 100 * s.total / s.capacity, s.capacity);
   std::printf("Threads: busy ms per thread:");
-  for (int t = 0; t < slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t)
+  for (int t = 0; t < s.slots && t < static_cast<int>(m.thread_busy_ms.size()); ++t)
     std::printf(" %.3f", m.thread_busy_ms[t]);
   std::printf("\n  imbalance (max / mean busy) %.3f; idle %.1f%% of wall x threads\n\n",
-              busy_mean > 0 ? busy_max / busy_mean : 0.0, 100 * (1 - busy_sum / capacity));
+              s.busy_mean > 0 ? s.busy_max / s.busy_mean : 0.0,
+              100 * (1 - s.busy_sum / s.capacity));
+}
+
+// The roofline, the counters and where the trace went.
+void print_ceilings(const Options& o, const Summary& s, const Ceilings& ce, int threads,
+                    const ThreadCounters& counters, const std::vector<ThreadCounters::Value>& hw) {
+  const CallProfile& m = *s.m;
   std::printf("Roofline (%d thread%s):\n", threads, threads > 1 ? "s" : "");
   std::printf(
       "  compute: %.1f GFLOP/s = %.1f%% of the FMA peak (%.1f), %.1f%% of the score\n"
       "           micro-kernel on L1 data (%.1f, the kernel's arithmetic ceiling)\n",
-      gflops, 100 * gflops / peak, peak, 100 * gflops / tile, tile);
+      s.gflops, 100 * s.gflops / ce.peak, ce.peak, 100 * s.gflops / ce.tile, ce.tile);
   std::printf("  memory:  %.1f MB in + out once = %.2f GB/s, %.1f%% of the read bandwidth (%.1f)\n",
-              m.bytes * 1e-6, m.gbps(), 100 * m.gbps() / bw, bw);
+              m.bytes * 1e-6, m.gbps(), 100 * m.gbps() / ce.bw, ce.bw);
   std::printf(
       "  %.1f flop/byte against a machine balance of %.1f: %s-bound; at the ceilings the\n"
       "  work takes %.3f ms of FMAs and %.3f ms of memory traffic (measured %.3f)\n\n",
-      intensity, balance, compute_bound ? "compute" : "memory", t_fma, t_mem, m.wall_ms);
+      s.intensity, s.balance, s.compute_bound ? "compute" : "memory", s.t_fma, s.t_mem, m.wall_ms);
   std::printf("Counters (all threads, the %d calls):\n", o.repeat);
   if (!counters.hardware_unavailable().empty()) {
     std::printf(
@@ -226,6 +213,58 @@ int run_profile(const Options& o) {
     std::printf("\nTrace of the %d calls: %s (open in ui.perfetto.dev or chrome://tracing)\n",
                 o.repeat, o.trace.c_str());
   }
+}
+
+int run_profile(const Options& o) {
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const DType qd = parse_dtype(o.dtype, "--dtype", false);
+  const DType kvd = o.kv_dtype.empty() ? qd : parse_dtype(o.kv_dtype, "--kv-dtype", true);
+  const Case c = make_case(o.shape, o.causal, qd, kvd, ScoreVariant::plain, parse_layout(o.layout));
+  // The case runs in this arena on a context that uses the caller's arena, so that the counters'
+  // observer sees every thread that runs it.
+  tbb::task_arena arena(threads);
+  ThreadCounters counters(arena);
+  Context ctx(0);
+  ctx.set_max_target(parse_target(o.target));
+  if (!o.simd.empty()) ctx.set_simd(parse_simd(o.simd));
+  const auto once = [&] { arena.execute([&] { c.run(ctx); }); };
+
+  // The ceilings are measured before and after the calls and the best reading of each is kept,
+  // as in `cpuattn bench`: a neighbour on a shared core during one probe would lower it.
+  Context probe_ctx(threads);
+  probe_ctx.set_max_target(ctx.max_target());
+  probe_ctx.set_simd(ctx.simd());
+  Ceilings ce;
+  const auto probe = [&] {
+    ce.peak = std::max(ce.peak, measure_fma_peak_gflops(threads, &probe_ctx));
+    ce.tile = std::max(ce.tile, measure_tile_gflops(threads, &probe_ctx));
+    ce.bw = std::max(ce.bw, measure_read_bandwidth_gbps(threads, std::size_t{1} << 30, &probe_ctx));
+  };
+  probe();
+
+  once();  // warm-up: scratch, page faults, thread start
+  std::vector<CallProfile> calls;
+  {
+    ProfileSession session(/*spans=*/!o.trace.empty());
+    counters.enable();
+    for (int r = 0; r < o.repeat; ++r) once();
+    counters.disable();
+    calls = session.take();
+  }
+  if (calls.empty()) throw std::runtime_error("no call was recorded");
+  probe();
+  if (!o.trace.empty()) write_chrome_trace(calls, o.trace);
+
+  const Summary s = summarize(calls, ce);
+  const auto hw = counters.read();
+  if (o.json) {
+    std::printf("%s\n", profile_json(o, c, s, ce, counters, hw).dump().c_str());
+    return 0;
+  }
+  print_phases(o, c, s);
+  print_ceilings(o, s, ce, threads, counters, hw);
   return 0;
 }
 
