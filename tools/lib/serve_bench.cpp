@@ -411,6 +411,207 @@ const Sizes& sizes_of(const ServeBenchOptions& o) {
   return o.small ? kSmall : kFull;
 }
 
+// What the clients share: the model, its decode sessions and their pool, the context.
+struct Shared {
+  const ServeBenchOptions& o;
+  const Sizes& sz;
+  const Model& model;
+  std::vector<std::unique_ptr<Session>>& sessions;
+  Pool& pool;
+  Context& ctx;
+  std::atomic<std::int64_t>& busy_found;  // decode steps that found their session in use
+};
+
+// Serves request r (id, seed and kind set): a decode step checks a session out of the pool and
+// back in, whatever happens. An exception becomes the record's error.
+void serve(const Shared& sh, Record& r, Buffers& buf) {
+  try {
+    switch (r.kind) {
+      case Kind::prefill:
+        r.out = run_prefill(sh.sz, r.rseed, buf, &sh.ctx);
+        break;
+      case Kind::embed:
+        r.out = run_embed(sh.sz, r.rseed, buf, &sh.ctx);
+        break;
+      case Kind::decode: {
+        const int sid = sh.pool.checkout();
+        Session& s = *sh.sessions[sid];
+        if (s.busy.exchange(1) != 0) ++sh.busy_found;
+        r.session = sid;
+        r.step = s.steps++;
+        try {
+          r.out = run_decode(sh.model, sh.o.seed, sid, s, r.rseed, buf, &sh.ctx);
+        } catch (...) {
+          s.busy.store(0);
+          sh.pool.checkin(sid);
+          throw;
+        }
+        s.busy.store(0);
+        sh.pool.checkin(sid);
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    r.error = true;
+    r.error_text = e.what();
+  }
+}
+
+// One client: its requests, one at a time, until its count or the deadline.
+struct Client {
+  std::vector<Record> records;
+  std::int64_t sent = 0;
+  Clock::time_point begin, end;
+};
+
+void run_client(const Shared& sh, int c, std::latch& start, Client& cl) {
+  const ServeBenchOptions& o = sh.o;
+  if (o.duration_s <= 0) cl.records.reserve(o.requests);
+  Buffers buf;
+  start.arrive_and_wait();
+  cl.begin = Clock::now();
+  const auto deadline = cl.begin + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(o.duration_s));
+  for (std::int64_t j = 0;; ++j) {
+    if (o.duration_s > 0 ? Clock::now() >= deadline : j >= o.requests) break;
+    Record r;
+    r.id = request_id(c, j);
+    r.rseed = request_seed(o.seed, r.id);
+    r.kind = pick_kind(r.rseed, o.mix);
+    ++cl.sent;
+    serve(sh, r, buf);
+    if (o.corrupt_one && c == 0 && j == 0) r.out.hash ^= 1;  // as if one output bit flipped
+    ++r.answers;
+    cl.records.push_back(std::move(r));
+  }
+  cl.end = Clock::now();
+}
+
+// Nothing lost: request j of client c is its records[j], answered exactly once, and every
+// request sent has its record.
+void check_answered(const ServeBenchOptions& o, const std::vector<Client>& clients,
+                    ServeBenchResult& res, Failures& fails) {
+  for (int c = 0; c < o.clients; ++c) {
+    const std::vector<Record>& recs = clients[c].records;
+    for (std::size_t j = 0; j < recs.size(); ++j) {
+      const Record& r = recs[j];
+      if (r.id != request_id(c, static_cast<std::int64_t>(j)) || r.answers != 1) {
+        fails.add(describe(r) + ": answered " + std::to_string(r.answers) + " times at slot " +
+                  std::to_string(j) + " of client " + std::to_string(c));
+        ++res.lost;
+      }
+      if (r.error) {
+        ++res.errors;
+        fails.add(describe(r) + " failed: " + r.error_text);
+      }
+    }
+    const auto answered = static_cast<std::int64_t>(recs.size());
+    const std::int64_t sent = clients[c].sent;
+    const std::int64_t expected = o.duration_s > 0 ? sent : o.requests;
+    if (sent != answered || expected != answered) {
+      fails.add("client " + std::to_string(c) + " sent " + std::to_string(sent) + " requests (" +
+                std::to_string(expected) + " expected) and has " + std::to_string(answered) +
+                " responses");
+      res.lost += std::max(std::abs(sent - answered), std::abs(expected - answered));
+    }
+  }
+}
+
+// Sessions: never shared at once; each one's steps are 0, 1, 2, ... without gaps. Returns each
+// session's decode records in step order.
+std::vector<std::vector<const Record*>> check_sessions(const std::vector<Client>& clients,
+                                                       std::int64_t busy_found,
+                                                       ServeBenchResult& res, Failures& fails) {
+  std::vector<std::vector<const Record*>> by_session(res.sessions);
+  for (const Client& cl : clients)
+    for (const Record& r : cl.records)
+      if (r.kind == Kind::decode) by_session[r.session].push_back(&r);
+  if (busy_found > 0) {
+    res.session_errors += busy_found;
+    fails.add(std::to_string(busy_found) +
+              " decode request(s) found their session in use by another client");
+  }
+  for (int s = 0; s < res.sessions; ++s) {
+    auto& v = by_session[s];
+    std::sort(v.begin(), v.end(),
+              [](const Record* a, const Record* b) { return a->step < b->step; });
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (v[i]->step != static_cast<std::int64_t>(i)) {
+        ++res.session_errors;
+        fails.add("session " + std::to_string(s) + ": step " + std::to_string(v[i]->step) +
+                  " where step " + std::to_string(i) + " was expected (a gap or a duplicate)");
+        break;
+      }
+    }
+  }
+  return by_session;
+}
+
+// Latency and throughput per kind and over all kinds, from the requests that succeeded.
+void add_statistics(const std::vector<Client>& clients, ServeBenchResult& res) {
+  std::vector<double> lat[kKinds], all;
+  for (const Client& cl : clients) {
+    for (const Record& r : cl.records) {
+      if (r.error) continue;
+      const int k = static_cast<int>(r.kind);
+      lat[k].push_back(r.out.ms);
+      all.push_back(r.out.ms);
+      res.kinds[k].tokens += r.out.tokens;
+      res.all.tokens += r.out.tokens;
+    }
+  }
+  for (int k = 0; k < kKinds; ++k) {
+    res.kinds[k].kind = kind_name(static_cast<Kind>(k));
+    fill_latency(res.kinds[k], std::move(lat[k]), res.wall_s);
+  }
+  res.all.kind = "all";
+  fill_latency(res.all, std::move(all), res.wall_s);
+}
+
+// The serial recomputation: one thread, same target and provider, every request again (decode
+// steps in their session's order, from an empty cache), bits compared.
+void verify_serially(const Shared& sh, const std::vector<Client>& clients,
+                     const std::vector<std::vector<const Record*>>& by_session,
+                     ServeBenchResult& res, Failures& fails) {
+  const auto t0 = Clock::now();
+  Context serial(1);
+  serial.set_max_target(sh.ctx.max_target());
+  serial.set_simd(sh.ctx.simd());
+  Buffers buf;
+  const auto compare = [&](const Record& r, const Outcome& again) {
+    const bool same = again.hash == r.out.hash && again.tokens == r.out.tokens &&
+                      again.epoch == r.out.epoch && again.cached == r.out.cached;
+    if (same) return;
+    ++res.kinds[static_cast<int>(r.kind)].mismatches;
+    ++res.all.mismatches;
+    ++res.mismatches;
+    std::string why = again.hash != r.out.hash ? "output bits differ" : "";
+    if (again.epoch != r.out.epoch || again.cached != r.out.cached) {
+      why += std::string(why.empty() ? "" : "; ") + "ran at conversation " +
+             std::to_string(r.out.epoch) + " with " + std::to_string(r.out.cached) +
+             " cached tokens, the serial replay at " + std::to_string(again.epoch) + " with " +
+             std::to_string(again.cached);
+    }
+    fails.add(describe(r) + ": not equal to the serial recomputation: " + why);
+  };
+  for (const Client& cl : clients) {
+    for (const Record& r : cl.records) {
+      if (r.error || r.kind == Kind::decode) continue;
+      compare(r, r.kind == Kind::prefill ? run_prefill(sh.sz, r.rseed, buf, &serial)
+                                         : run_embed(sh.sz, r.rseed, buf, &serial));
+    }
+  }
+  for (int sid = 0; sid < res.sessions; ++sid) {
+    Session s(sh.model);
+    for (const Record* r : by_session[sid]) {
+      if (r->error) break;  // the cache after a failed step is not replayable
+      compare(*r, run_decode(sh.model, sh.o.seed, sid, s, r->rseed, buf, &serial));
+    }
+  }
+  res.verified = true;
+  res.verify_s = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 }  // namespace
 
 ServeBenchResult run_serve_bench(const ServeBenchOptions& o) {
@@ -440,184 +641,30 @@ ServeBenchResult run_serve_bench(const ServeBenchOptions& o) {
   std::vector<std::unique_ptr<Session>> sessions;
   for (int i = 0; i < res.sessions; ++i) sessions.push_back(std::make_unique<Session>(model));
   Pool pool(res.sessions);
-
-  // ---- The run: every client sends its requests, one at a time.
-  std::vector<std::vector<Record>> records(o.clients);
-  std::vector<std::int64_t> sent(o.clients, 0);
-  std::vector<Clock::time_point> begin(o.clients), end(o.clients);
   std::atomic<std::int64_t> busy_found{0};
-  std::latch start(o.clients);
-  const auto client = [&](int c) {
-    std::vector<Record>& recs = records[c];
-    if (o.duration_s <= 0) recs.reserve(o.requests);
-    Buffers buf;
-    start.arrive_and_wait();
-    begin[c] = Clock::now();
-    const auto deadline = begin[c] + std::chrono::duration_cast<Clock::duration>(
-                                         std::chrono::duration<double>(o.duration_s));
-    for (std::int64_t j = 0;; ++j) {
-      if (o.duration_s > 0 ? Clock::now() >= deadline : j >= o.requests) break;
-      Record r;
-      r.id = request_id(c, j);
-      r.rseed = request_seed(o.seed, r.id);
-      r.kind = pick_kind(r.rseed, o.mix);
-      ++sent[c];
-      try {
-        switch (r.kind) {
-          case Kind::prefill:
-            r.out = run_prefill(sz, r.rseed, buf, &ctx);
-            break;
-          case Kind::embed:
-            r.out = run_embed(sz, r.rseed, buf, &ctx);
-            break;
-          case Kind::decode: {
-            const int sid = pool.checkout();
-            Session& s = *sessions[sid];
-            if (s.busy.exchange(1) != 0) ++busy_found;
-            r.session = sid;
-            r.step = s.steps++;
-            try {
-              r.out = run_decode(model, o.seed, sid, s, r.rseed, buf, &ctx);
-            } catch (...) {
-              s.busy.store(0);
-              pool.checkin(sid);
-              throw;
-            }
-            s.busy.store(0);
-            pool.checkin(sid);
-            break;
-          }
-        }
-      } catch (const std::exception& e) {
-        r.error = true;
-        r.error_text = e.what();
-      }
-      if (o.corrupt_one && c == 0 && j == 0) r.out.hash ^= 1;  // as if one output bit flipped
-      ++r.answers;
-      recs.push_back(std::move(r));
-    }
-    end[c] = Clock::now();
-  };
+  const Shared sh{o, sz, model, sessions, pool, ctx, busy_found};
+
+  // The run: every client sends its requests, one at a time.
+  std::vector<Client> clients(o.clients);
   {
+    std::latch start(o.clients);
     std::vector<std::thread> ts;
     ts.reserve(o.clients);
-    for (int c = 0; c < o.clients; ++c) ts.emplace_back(client, c);
+    for (int c = 0; c < o.clients; ++c)
+      ts.emplace_back([&, c] { run_client(sh, c, start, clients[c]); });
     for (auto& t : ts) t.join();
   }
-  res.wall_s = std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
-                                             *std::min_element(begin.begin(), begin.end()))
-                   .count();
+  Clock::time_point first = clients[0].begin, last = clients[0].end;
+  for (const Client& cl : clients) {
+    first = std::min(first, cl.begin);
+    last = std::max(last, cl.end);
+  }
+  res.wall_s = std::chrono::duration<double>(last - first).count();
 
-  // ---- Nothing lost: request j of client c is records[c][j], answered exactly once, and every
-  // request sent has its record.
-  for (int c = 0; c < o.clients; ++c) {
-    for (std::size_t j = 0; j < records[c].size(); ++j) {
-      const Record& r = records[c][j];
-      if (r.id != request_id(c, static_cast<std::int64_t>(j)) || r.answers != 1) {
-        fails.add(describe(r) + ": answered " + std::to_string(r.answers) + " times at slot " +
-                  std::to_string(j) + " of client " + std::to_string(c));
-        ++res.lost;
-      }
-      if (r.error) {
-        ++res.errors;
-        fails.add(describe(r) + " failed: " + r.error_text);
-      }
-    }
-    const auto answered = static_cast<std::int64_t>(records[c].size());
-    const std::int64_t expected = o.duration_s > 0 ? sent[c] : o.requests;
-    if (sent[c] != answered || expected != answered) {
-      fails.add("client " + std::to_string(c) + " sent " + std::to_string(sent[c]) + " requests (" +
-                std::to_string(expected) + " expected) and has " + std::to_string(answered) +
-                " responses");
-      res.lost += std::max(std::abs(sent[c] - answered), std::abs(expected - answered));
-    }
-  }
-
-  // ---- Sessions: never shared at once; each one's steps are 0, 1, 2, ... without gaps.
-  std::vector<std::vector<const Record*>> by_session(res.sessions);
-  for (const auto& recs : records)
-    for (const Record& r : recs)
-      if (r.kind == Kind::decode) by_session[r.session].push_back(&r);
-  if (busy_found > 0) {
-    res.session_errors += busy_found;
-    fails.add(std::to_string(busy_found.load()) +
-              " decode request(s) found their session in use by another client");
-  }
-  for (int s = 0; s < res.sessions; ++s) {
-    auto& v = by_session[s];
-    std::sort(v.begin(), v.end(),
-              [](const Record* a, const Record* b) { return a->step < b->step; });
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (v[i]->step != static_cast<std::int64_t>(i)) {
-        ++res.session_errors;
-        fails.add("session " + std::to_string(s) + ": step " + std::to_string(v[i]->step) +
-                  " where step " + std::to_string(i) + " was expected (a gap or a duplicate)");
-        break;
-      }
-    }
-  }
-
-  // ---- Statistics.
-  std::vector<double> lat[kKinds], all;
-  for (const auto& recs : records) {
-    for (const Record& r : recs) {
-      if (r.error) continue;
-      const int k = static_cast<int>(r.kind);
-      lat[k].push_back(r.out.ms);
-      all.push_back(r.out.ms);
-      res.kinds[k].tokens += r.out.tokens;
-      res.all.tokens += r.out.tokens;
-    }
-  }
-  for (int k = 0; k < kKinds; ++k) {
-    res.kinds[k].kind = kind_name(static_cast<Kind>(k));
-    fill_latency(res.kinds[k], std::move(lat[k]), res.wall_s);
-  }
-  res.all.kind = "all";
-  fill_latency(res.all, std::move(all), res.wall_s);
-
-  // ---- The serial recomputation: one thread, same target and provider, every request again
-  // (decode steps in their session's order, from an empty cache), bits compared.
-  if (o.verify) {
-    const auto t0 = Clock::now();
-    Context serial(1);
-    serial.set_max_target(ctx.max_target());
-    serial.set_simd(ctx.simd());
-    Buffers buf;
-    const auto compare = [&](const Record& r, const Outcome& again) {
-      const bool same = again.hash == r.out.hash && again.tokens == r.out.tokens &&
-                        again.epoch == r.out.epoch && again.cached == r.out.cached;
-      if (!same) {
-        ++res.kinds[static_cast<int>(r.kind)].mismatches;
-        ++res.all.mismatches;
-        ++res.mismatches;
-        std::string why = again.hash != r.out.hash ? "output bits differ" : "";
-        if (again.epoch != r.out.epoch || again.cached != r.out.cached) {
-          why += std::string(why.empty() ? "" : "; ") + "ran at conversation " +
-                 std::to_string(r.out.epoch) + " with " + std::to_string(r.out.cached) +
-                 " cached tokens, the serial replay at " + std::to_string(again.epoch) + " with " +
-                 std::to_string(again.cached);
-        }
-        fails.add(describe(r) + ": not equal to the serial recomputation: " + why);
-      }
-    };
-    for (const auto& recs : records) {
-      for (const Record& r : recs) {
-        if (r.error || r.kind == Kind::decode) continue;
-        compare(r, r.kind == Kind::prefill ? run_prefill(sz, r.rseed, buf, &serial)
-                                           : run_embed(sz, r.rseed, buf, &serial));
-      }
-    }
-    for (int sid = 0; sid < res.sessions; ++sid) {
-      Session s(model);
-      for (const Record* r : by_session[sid]) {
-        if (r->error) break;  // the cache after a failed step is not replayable
-        compare(*r, run_decode(model, o.seed, sid, s, r->rseed, buf, &serial));
-      }
-    }
-    res.verified = true;
-    res.verify_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
+  check_answered(o, clients, res, fails);
+  const auto by_session = check_sessions(clients, busy_found.load(), res, fails);
+  add_statistics(clients, res);
+  if (o.verify) verify_serially(sh, clients, by_session, res, fails);
   return res;
 }
 
