@@ -141,91 +141,87 @@ cpuattn::QkNorm parse_qk_norm(const py::object& obj) {
   fail("qk_norm must be None, 'head' or 'projection', got '" + v + "'");
 }
 
-}  // namespace
+using Mha = cpuattn::MultiHeadAttention;
+using MhaClass = py::class_<Mha>;
 
-void bind_layers(py::module_& m) {
-  using Mha = cpuattn::MultiHeadAttention;
-  py::class_<Mha>(m, "MultiHeadAttention",
-                  "Multi-head attention, weights in the x W convention (W [in, out]); the "
-                  "weights are copied (packed) at construction. Decoder layers: rope=dict(theta=, "
-                  "style='half'|'interleaved', rotary_dim=, scaling=a Hugging Face rope_scaling "
-                  "dict with rope_type 'linear', 'ntk' (static), 'llama3' or 'yarn') rotates Q "
-                  "and K inside the layer (positions 0..L-1 in forward, the cache length in "
-                  "decode; keys are cached rotated); qk_norm='head' (q_norm, k_norm [head_dim]) "
-                  "or 'projection' ([heads*head_dim], [kv_heads*head_dim]) applies RMSNorm with "
-                  "qk_norm_eps before the rotation.")
-      .def(py::init([](std::int64_t d_model, std::int64_t heads, const py::handle& wq,
-                       const py::handle& wk, const py::handle& wv, const py::handle& wo,
-                       std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
-                       const py::object& bq, const py::object& bk, const py::object& bv,
-                       const py::object& bo, bool bf16, const py::object& rope,
-                       const py::object& qk_norm, const py::object& q_norm,
-                       const py::object& k_norm, double qk_norm_eps) {
-             Call call;
-             cpuattn::MhaWeights w;
-             w.wq = input_view(call, wq, "wq", bf16);
-             w.wk = input_view(call, wk, "wk", bf16);
-             w.wv = input_view(call, wv, "wv", bf16);
-             w.wo = input_view(call, wo, "wo", bf16);
-             w.bq = optional_input(call, bq, "bq");
-             w.bk = optional_input(call, bk, "bk");
-             w.bv = optional_input(call, bv, "bv");
-             w.bo = optional_input(call, bo, "bo");
-             w.q_norm = optional_input(call, q_norm, "q_norm");
-             w.k_norm = optional_input(call, k_norm, "k_norm");
-             cpuattn::MhaConfig c{.d_model = d_model,
-                                  .heads = heads,
-                                  .kv_heads = kv_heads,
-                                  .head_dim = head_dim,
-                                  .value_dim = value_dim};
-             if (!rope.is_none()) c.rope = parse_rope(rope);
-             c.qk_norm = parse_qk_norm(qk_norm);
-             c.qk_norm_eps = qk_norm_eps;
-             return std::make_unique<Mha>(c, w);
-           }),
-           "d_model"_a, "heads"_a, "wq"_a, "wk"_a, "wv"_a, "wo"_a, py::kw_only(), "kv_heads"_a = 0,
-           "head_dim"_a = 0, "value_dim"_a = 0, "bq"_a = py::none(), "bk"_a = py::none(),
-           "bv"_a = py::none(), "bo"_a = py::none(), "bf16"_a = false, "rope"_a = py::none(),
-           "qk_norm"_a = py::none(), "q_norm"_a = py::none(), "k_norm"_a = py::none(),
-           "qk_norm_eps"_a = 1e-6)
+// The constructor (weights, optional biases, RoPE and QK-norm) and the shape properties.
+void def_mha_construction(MhaClass& cls) {
+  cls.def(py::init([](std::int64_t d_model, std::int64_t heads, const py::handle& wq,
+                      const py::handle& wk, const py::handle& wv, const py::handle& wo,
+                      std::int64_t kv_heads, std::int64_t head_dim, std::int64_t value_dim,
+                      const py::object& bq, const py::object& bk, const py::object& bv,
+                      const py::object& bo, bool bf16, const py::object& rope,
+                      const py::object& qk_norm, const py::object& q_norm, const py::object& k_norm,
+                      double qk_norm_eps) {
+            Call call;
+            cpuattn::MhaWeights w;
+            w.wq = input_view(call, wq, "wq", bf16);
+            w.wk = input_view(call, wk, "wk", bf16);
+            w.wv = input_view(call, wv, "wv", bf16);
+            w.wo = input_view(call, wo, "wo", bf16);
+            w.bq = optional_input(call, bq, "bq");
+            w.bk = optional_input(call, bk, "bk");
+            w.bv = optional_input(call, bv, "bv");
+            w.bo = optional_input(call, bo, "bo");
+            w.q_norm = optional_input(call, q_norm, "q_norm");
+            w.k_norm = optional_input(call, k_norm, "k_norm");
+            cpuattn::MhaConfig c{.d_model = d_model,
+                                 .heads = heads,
+                                 .kv_heads = kv_heads,
+                                 .head_dim = head_dim,
+                                 .value_dim = value_dim};
+            if (!rope.is_none()) c.rope = parse_rope(rope);
+            c.qk_norm = parse_qk_norm(qk_norm);
+            c.qk_norm_eps = qk_norm_eps;
+            return std::make_unique<Mha>(c, w);
+          }),
+          "d_model"_a, "heads"_a, "wq"_a, "wk"_a, "wv"_a, "wo"_a, py::kw_only(), "kv_heads"_a = 0,
+          "head_dim"_a = 0, "value_dim"_a = 0, "bq"_a = py::none(), "bk"_a = py::none(),
+          "bv"_a = py::none(), "bo"_a = py::none(), "bf16"_a = false, "rope"_a = py::none(),
+          "qk_norm"_a = py::none(), "q_norm"_a = py::none(), "k_norm"_a = py::none(),
+          "qk_norm_eps"_a = 1e-6)
       .def_property_readonly("d_model", [](const Mha& l) { return l.config().d_model; })
       .def_property_readonly("heads", [](const Mha& l) { return l.config().heads; })
       .def_property_readonly("kv_heads", [](const Mha& l) { return l.config().kv_heads; })
       .def_property_readonly("head_dim", [](const Mha& l) { return l.config().head_dim; })
-      .def_property_readonly("value_dim", [](const Mha& l) { return l.config().value_dim; })
-      .def(
-          "forward",
-          [](const Mha& l, const py::handle& x, const py::handle& is_causal,
-             const py::object& attn_mask, const py::object& key_lengths,
-             std::optional<double> scale, const py::object& positions, const py::object& out,
-             std::optional<int> threads, CtxHandle* context) {
-            Call call;
-            const auto xv = input_view(call, x, "x");
-            call.set_masks(attn_mask, key_lengths, scale);
-            call.opts.causal = parse_causal(is_causal);
-            auto [o, ov] =
-                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), xv.dtype);
-            const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
-            const ContextUse ctx = pick_context(threads, context);
-            {
-              py::gil_scoped_release nogil;
-              if (pv) {
-                l.forward(xv, *pv, ov, call.opts, ctx);
-              } else {
-                l.forward(xv, ov, call.opts, ctx);
-              }
-            }
-            return returned(out, o, ov.dtype, x);
-          },
-          "Self-attention: x [B, L, d_model] -> [B, L, d_model]. x and out are float32, float16 or "
-          "bfloat16 (a torch tensor; NumPy has no bfloat16); the result is new, of x's dtype and "
-          "type (a torch tensor for a torch x), or out= written in place. positions: integer "
-          "[B, L] or [L] for the rotary embedding (Hugging Face's position_ids; default 0 .. L-1; "
-          "only for a layer with rope).",
-          "x"_a, py::kw_only(), "is_causal"_a = false, "attn_mask"_a = py::none(),
-          "key_lengths"_a = py::none(), "scale"_a = py::none(), "positions"_a = py::none(),
-          "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<CtxHandle*>(nullptr))
+      .def_property_readonly("value_dim", [](const Mha& l) { return l.config().value_dim; });
+}
+
+// forward() and forward_varlen(): self-attention, dense or packed.
+void def_mha_self_attention(MhaClass& cls) {
+  cls.def(
+         "forward",
+         [](const Mha& l, const py::handle& x, const py::handle& is_causal,
+            const py::object& attn_mask, const py::object& key_lengths, std::optional<double> scale,
+            const py::object& positions, const py::object& out, std::optional<int> threads,
+            CtxHandle* context) {
+           Call call;
+           const auto xv = input_view(call, x, "x");
+           call.set_masks(attn_mask, key_lengths, scale);
+           call.opts.causal = parse_causal(is_causal);
+           auto [o, ov] =
+               layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), xv.dtype);
+           const std::optional<cpuattn::TensorView> pv = positions_view(call, positions);
+           const ContextUse ctx = pick_context(threads, context);
+           {
+             py::gil_scoped_release nogil;
+             if (pv) {
+               l.forward(xv, *pv, ov, call.opts, ctx);
+             } else {
+               l.forward(xv, ov, call.opts, ctx);
+             }
+           }
+           return returned(out, o, ov.dtype, x);
+         },
+         "Self-attention: x [B, L, d_model] -> [B, L, d_model]. x and out are float32, float16 or "
+         "bfloat16 (a torch tensor; NumPy has no bfloat16); the result is new, of x's dtype and "
+         "type (a torch tensor for a torch x), or out= written in place. positions: integer "
+         "[B, L] or [L] for the rotary embedding (Hugging Face's position_ids; default 0 .. L-1; "
+         "only for a layer with rope).",
+         "x"_a, py::kw_only(), "is_causal"_a = false, "attn_mask"_a = py::none(),
+         "key_lengths"_a = py::none(), "scale"_a = py::none(), "positions"_a = py::none(),
+         "out"_a = py::none(), "threads"_a = py::none(),
+         "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "forward_varlen",
           [](const Mha& l, const py::handle& x, const py::handle& cu_seqlens,
@@ -260,29 +256,33 @@ void bind_layers(py::module_& m) {
           "(default: each sequence's own 0 .. length - 1).",
           "x"_a, "cu_seqlens"_a, py::kw_only(), "is_causal"_a = false, "scale"_a = py::none(),
           "positions"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<CtxHandle*>(nullptr))
-      .def(
-          "forward_cross",
-          [](const Mha& l, const py::handle& xq, const py::handle& xkv, const py::object& attn_mask,
-             const py::object& key_lengths, std::optional<double> scale, const py::object& out,
-             std::optional<int> threads, CtxHandle* context) {
-            Call call;
-            const auto qv = input_view(call, xq, "xq");
-            const auto kv = input_view(call, xkv, "xkv");
-            call.set_masks(attn_mask, key_lengths, scale);
-            auto [o, ov] =
-                layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), qv.dtype);
-            const ContextUse ctx = pick_context(threads, context);
-            {
-              py::gil_scoped_release nogil;
-              l.forward_cross(qv, kv, ov, call.opts, ctx);
-            }
-            return returned(out, o, ov.dtype, xq);
-          },
-          "Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model].", "xq"_a, "xkv"_a,
-          py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
-          "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
-          "context"_a = static_cast<CtxHandle*>(nullptr))
+          "context"_a = static_cast<CtxHandle*>(nullptr));
+}
+
+// forward_cross(), decode() and make_cache().
+void def_mha_cross_and_decode(MhaClass& cls) {
+  cls.def(
+         "forward_cross",
+         [](const Mha& l, const py::handle& xq, const py::handle& xkv, const py::object& attn_mask,
+            const py::object& key_lengths, std::optional<double> scale, const py::object& out,
+            std::optional<int> threads, CtxHandle* context) {
+           Call call;
+           const auto qv = input_view(call, xq, "xq");
+           const auto kv = input_view(call, xkv, "xkv");
+           call.set_masks(attn_mask, key_lengths, scale);
+           auto [o, ov] =
+               layer_out(call, out, leading_shape(call.keep[0], l.config().d_model), qv.dtype);
+           const ContextUse ctx = pick_context(threads, context);
+           {
+             py::gil_scoped_release nogil;
+             l.forward_cross(qv, kv, ov, call.opts, ctx);
+           }
+           return returned(out, o, ov.dtype, xq);
+         },
+         "Encoder-decoder attention: xq [B, Lq, d_model], xkv [B, Lk, d_model].", "xq"_a, "xkv"_a,
+         py::kw_only(), "attn_mask"_a = py::none(), "key_lengths"_a = py::none(),
+         "scale"_a = py::none(), "out"_a = py::none(), "threads"_a = py::none(),
+         "context"_a = static_cast<CtxHandle*>(nullptr))
       .def(
           "decode",
           [](const Mha& l, const py::handle& x, PyKvCache& cache, const py::object& attn_mask,
@@ -315,6 +315,23 @@ void bind_layers(py::module_& m) {
           },
           "A KvCache shaped for this layer.", "batch"_a, "capacity"_a, "growable"_a = false,
           "dtype"_a = "f32");
+}
+
+}  // namespace
+
+void bind_layers(py::module_& m) {
+  MhaClass cls(m, "MultiHeadAttention",
+               "Multi-head attention, weights in the x W convention (W [in, out]); the "
+               "weights are copied (packed) at construction. Decoder layers: rope=dict(theta=, "
+               "style='half'|'interleaved', rotary_dim=, scaling=a Hugging Face rope_scaling "
+               "dict with rope_type 'linear', 'ntk' (static), 'llama3' or 'yarn') rotates Q "
+               "and K inside the layer (positions 0..L-1 in forward, the cache length in "
+               "decode; keys are cached rotated); qk_norm='head' (q_norm, k_norm [head_dim]) "
+               "or 'projection' ([heads*head_dim], [kv_heads*head_dim]) applies RMSNorm with "
+               "qk_norm_eps before the rotation.");
+  def_mha_construction(cls);
+  def_mha_self_attention(cls);
+  def_mha_cross_and_decode(cls);
 }
 
 }  // namespace cpuattn_py
