@@ -1,4 +1,4 @@
-"""Tests of the Python module `cpuattn` (python/).
+"""Tests of the Python module `cpuattn` (lib/python/).
 
 Run with the interpreter the module is built for, the module's directory on PYTHONPATH:
     PYTHONPATH=build/release/python /usr/bin/python3 -m pytest -q -rs tests/python

@@ -1,4 +1,4 @@
-"""Paged KV caches from Python (python/paged.cpp): PagedKvCache, attention_paged and
+"""Paged KV caches from Python (lib/python/paged.cpp): PagedKvCache, attention_paged and
 reference_attention_paged against contiguous attention and the float64 NumPy semantics, with
 shared prefixes, reduced-precision pools, per-sequence ALiBi slopes, and the errors.
 

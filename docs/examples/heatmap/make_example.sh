@@ -2,7 +2,7 @@
 # Builds the heatmap example of docs/api.md: the cross attention of a toy translation model,
 # drawn by `cpuattn heatmap`. Writes docs/heatmap.png and docs/heatmap.svg in the repository.
 #
-# Usage: examples/heatmap/make_example.sh [BUILD_DIR]     (default: build/release)
+# Usage: docs/examples/heatmap/make_example.sh [BUILD_DIR]     (default: build/release)
 # Needs a built `cpuattn` (cmake --build BUILD_DIR --target cpuattn_cli) and python3 with numpy.
 #
 # The attention is made up, not learned: every English (source) token gets a random unit key
@@ -12,7 +12,7 @@
 # "European Economic Area" as an anti-diagonal, and "a été" both attending to "was".
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 build=${1:-$repo/build/release}
 if [[ ! -x "$build/tools/cpuattn" ]]; then
   echo "make_example.sh: no cpuattn binary in $build/tools; build it first:" >&2

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Writes the seed corpus of every fuzz target to fuzz/corpus/<target>/ (committed; small).
+"""Writes the seed corpus of every fuzz target to tests/fuzz/corpus/<target>/ (committed; small).
 
 Run from anywhere with Debian's python3 (numpy comes from python3-numpy):
-    /usr/bin/python3 fuzz/make_corpus.py
+    /usr/bin/python3 tests/fuzz/make_corpus.py
 It rewrites every seed, so the corpus always matches this script. libFuzzer starts from these
 files and mutates them; tools/scripts/fuzz runs on a copy, so fuzzing never writes here.
 """
