@@ -220,11 +220,10 @@ struct SdpaExtras {
   npy::Array mask, key_lengths, slopes, sinks;
 };
 
-void load_extras(const RunArgs& a, const npy::Array& q, std::int64_t Lk, SdpaExtras& x,
+void load_extras(const RunArgs& a, const npy::Array& q,
+                 const std::vector<std::int64_t>& scores_shape, SdpaExtras& x,
                  AttentionOptions& opts) {
   const int rank = q.rank();
-  // The scores in the inputs' rank: Q's shape with Lk last.
-  const std::vector<std::int64_t> scores_shape = with_last(q.shape, Lk);
   if (mask_is_file(a)) {
     x.mask = load_mask(a.mask, scores_shape, "Q's shape with Lk last");
     opts.mask = as_bhlx(npy::input_view(x.mask));
@@ -252,10 +251,9 @@ struct SdpaOutputs {
   npy::Array out, lse, weights;
 };
 
-void make_outputs(const RunArgs& a, const Qkv& in, bool packed, SdpaOutputs& o,
-                  AttentionOptions& opts) {
+void make_outputs(const RunArgs& a, const Qkv& in, const std::vector<std::int64_t>& scores_shape,
+                  bool packed, SdpaOutputs& o, AttentionOptions& opts) {
   const npy::Array &q = in.q, &v = in.v;
-  const std::vector<std::int64_t> scores_shape = with_last(q.shape, in.k.shape[q.rank() - 2]);
   o.out = npy::zeros(DType::f32, with_last(q.shape, v.shape.back()));
   if (!a.lse.empty() && packed) {
     o.lse = npy::zeros(DType::f32, {q.shape[1], q.shape[0]});  // [H, total_q]
@@ -323,9 +321,11 @@ void run_sdpa(const RunArgs& a) {
   Qkv in;
   load_qkv(a, packed, in);
   SdpaExtras extras;
-  load_extras(a, in.q, in.k.shape[in.k.rank() - 2], extras, opts);
+  // The scores in the inputs' rank: Q's shape with Lk last.
+  const std::vector<std::int64_t> scores_shape = with_last(in.q.shape, in.k.shape[in.k.rank() - 2]);
+  load_extras(a, in.q, scores_shape, extras, opts);
   SdpaOutputs o;
-  make_outputs(a, in, packed, o, opts);
+  make_outputs(a, in, scores_shape, packed, o, opts);
   call_sdpa(a, in, o, opts, packed);
   // Files: all staged, then committed together, so that none is written if one fails.
   files::OutputFiles outputs;
