@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -154,6 +155,28 @@ TEST_F(Cli, BenchLayoutBlhdTimesStridedViews) {
             std::string::npos)
       << layer.err;
   EXPECT_NE(run("bench --shape 1,3,64,64,16 --layout bshd").exit_code, 0);
+}
+
+// --cold reads a buffer of twice the last-level cache before every timed call; each record
+// says how large it was, and a run without the flag carries no such field.
+TEST_F(Cli, BenchColdFlushesTwiceTheLastLevelCache) {
+  const Result r = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 2 --json --cold");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Json> recs = json_lines(r.out);
+  ASSERT_EQ(recs.size(), 1u) << r.out;
+  const Json& m = recs[0].at("machine");
+  const std::int64_t llc_mib =
+      std::max(m.at("l3_kib").get<std::int64_t>(),
+               m.at("l2_kib").get<std::int64_t>() * m.at("logical_cpus").get<std::int64_t>()) /
+      1024;
+  EXPECT_GE(recs[0].at("cold_mib").get<std::int64_t>(), std::max<std::int64_t>(64, 2 * llc_mib))
+      << recs[0].dump();
+  const Result table = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 1 --cold");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("MiB read before every timed call"), std::string::npos) << table.out;
+  const Result warm = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 1 --json");
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  EXPECT_FALSE(json_lines(warm.out).at(0).contains("cold_mib")) << warm.out;
 }
 
 // CPUATTN_TRACE in any program: the file is written at exit.

@@ -48,6 +48,7 @@ struct Options {
   std::vector<std::string> kv_dtypes;             // K/V dtypes; empty: each Q dtype
   std::vector<std::string> variants = {"plain"};  // score variants (cases.h)
   std::string layout = "bhld";                    // attention shapes' memory layout (cases.h)
+  bool cold = false;  // every timed call starts with its inputs out of the caches (Flusher)
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -119,6 +120,36 @@ std::vector<Point> make_points(const Options& o) {
   }
   return pts;
 }
+
+// --cold: a buffer of twice the last-level cache this machine reports (at least 64 MiB), written
+// once, then read a line at a time before every timed call, so that the call finds its inputs in
+// DRAM as each layer of a many-layer model does. Without it a decode step whose bytes fit the
+// L3 (LD8's 218 MB in a 300 MiB L3) reads part of them from there call after call, while the
+// read probe's 1 GiB never does. Reading, not writing, leaves the buffer's lines clean: no
+// write-back of it falls into the timed call. The other cores' private L2s keep what they hold.
+class Flusher {
+ public:
+  Flusher() {
+    const Machine& m = this_machine();
+    const std::int64_t llc = std::max(m.l3_bytes, m.l2_bytes * std::max(1, m.logical_cpus));
+    const std::size_t bytes = std::max<std::size_t>(std::size_t{64} << 20, 2 * llc);
+    lines_.assign(bytes / sizeof(Line), Line{});
+    for (std::size_t i = 0; i < lines_.size(); ++i) lines_[i].w[0] = i;
+  }
+  void flush() {
+    std::uint64_t sum = 0;
+    for (const Line& l : lines_) sum += l.w[0];
+    sink_ = sum;
+  }
+  std::size_t mib() const { return lines_.size() * sizeof(Line) >> 20; }
+
+ private:
+  struct alignas(64) Line {
+    std::uint64_t w[8];
+  };
+  std::vector<Line> lines_;
+  volatile std::uint64_t sink_ = 0;
+};
 
 // The probes, per (target cap, threads); the best reading over providers and over the runs
 // before and after the cases (a neighbour on a shared core lowers single readings).
@@ -218,10 +249,15 @@ std::string format_records(const std::vector<Json>& recs, const std::string& fmt
 }
 
 void print_table(const Options& o, const std::vector<Json>& recs, const Probes& pr,
-                 const std::vector<Variant>& variants, const std::vector<int>& threads) {
+                 const std::vector<Variant>& variants, const std::vector<int>& threads,
+                 std::size_t flush_mib) {
   const Machine& m = this_machine();
   std::printf("cpuattn bench: %s, %d logical CPUs; cpuattn %s (%s); median of %d runs\n",
               m.cpu.c_str(), m.logical_cpus, m.version.c_str(), m.revision.c_str(), o.repeat);
+  if (flush_mib > 0) {
+    std::printf("cold: %zu MiB read before every timed call (twice the last-level cache)\n",
+                flush_mib);
+  }
   std::vector<Target> caps;
   for (const Variant& v : variants) {
     if (std::find(caps.begin(), caps.end(), v.cap) == caps.end()) caps.push_back(v.cap);
@@ -363,7 +399,7 @@ struct Progress {
 
 // Times point pi: every (variant, dtype pair) in turns, o.repeat runs each; appends their rows.
 void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress& progress,
-                std::vector<Row>& rows) {
+                Flusher* flusher, std::vector<Row>& rows) {
   const Point& pt = bp.points[pi];
   // Inputs per point, freed before the next one: a sequence sweep's largest case alone is
   // hundreds of MB.
@@ -394,6 +430,7 @@ void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress&
   std::vector<std::vector<double>> ms(bp.variants.size() * nd);
   for (int r = 0; r < o.repeat; ++r) {
     for (std::size_t i = 0; i < ms.size(); ++i) {
+      if (flusher != nullptr) flusher->flush();
       const auto t0 = std::chrono::steady_clock::now();
       cases[i % nd].run(*ctxs[i / nd]);
       ms[i].push_back(
@@ -408,6 +445,7 @@ void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress&
     std::sort(ms[i].begin(), ms[i].end());
     Json r = point_record(o, pt, cases[0], ci, bp.dtype_pairs[i % nd], *ctxs[i / nd], ms[i]);
     if (point_probe) r["point_fma_gflops"] = point_fma;
+    if (flusher != nullptr) r["cold_mib"] = flusher->mib();
     rows.push_back(
         {std::move(r), ci.flops, ci.bytes, ci.memory_bound, bp.variants[i / nd].cap, ci.parts});
   }
@@ -461,7 +499,7 @@ void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes&
 // The records as the table, and as JSON, CSV or Markdown on stdout or in --out (whose extension
 // names the format when no flag does).
 void write_results(const Options& o, const std::vector<Json>& recs, const Probes& probes,
-                   const BenchPlan& bp) {
+                   const BenchPlan& bp, std::size_t flush_mib) {
   std::string fmt = o.json ? "json" : o.csv ? "csv" : o.md ? "md" : "";
   if (!o.out.empty()) {
     if (fmt.empty()) {
@@ -475,9 +513,9 @@ void write_results(const Options& o, const std::vector<Json>& recs, const Probes
     std::ofstream f(o.out);
     f << format_records(recs, fmt);
     if (!f) throw std::runtime_error("--out '" + o.out + "': cannot write the file");
-    print_table(o, recs, probes, bp.variants, bp.threads);
+    print_table(o, recs, probes, bp.variants, bp.threads, flush_mib);
   } else if (fmt.empty()) {
-    print_table(o, recs, probes, bp.variants, bp.threads);
+    print_table(o, recs, probes, bp.variants, bp.threads, flush_mib);
   } else {
     std::fputs(format_records(recs, fmt).c_str(), stdout);
   }
@@ -490,7 +528,10 @@ int run_bench(const Options& o) {
   probes.measure(bp.variants, bp.threads);
   std::vector<Row> rows;
   Progress progress;
-  for (std::size_t pi = 0; pi < bp.points.size(); ++pi) time_point(o, bp, pi, progress, rows);
+  std::unique_ptr<Flusher> flusher = o.cold ? std::make_unique<Flusher>() : nullptr;
+  for (std::size_t pi = 0; pi < bp.points.size(); ++pi) {
+    time_point(o, bp, pi, progress, flusher.get(), rows);
+  }
   progress.clear();
   probes.measure(bp.variants, bp.threads);
   std::vector<Json> recs;
@@ -498,7 +539,7 @@ int run_bench(const Options& o) {
     add_rates(o, row, rows, probes);
     recs.push_back(row.rec);
   }
-  write_results(o, recs, probes, bp);
+  write_results(o, recs, probes, bp, flusher ? flusher->mib() : 0);
   return 0;
 }
 
@@ -584,6 +625,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "the default) or blhd ([B, L, H, D], as a projection writes them and ONNX "
                   "Runtime's MultiHeadAttention reads them)")
       ->check(CLI::IsMember({"bhld", "blhd"}));
+  cmd->add_flag(
+      "--cold", opts->cold,
+      "Read a buffer of twice the last-level cache before every timed call (untimed), "
+      "so that each call reads its inputs from memory; records carry the buffer's size, cold_mib");
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)
