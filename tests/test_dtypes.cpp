@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -101,7 +102,7 @@ __attribute__((target("avx512f,avx512bf16,avx512vl"))) std::uint16_t hw_bf16(flo
 // And f32 -> bf16 the bits of vcvtneps2bf16 (which flushes subnormal inputs to zero: those are
 // skipped, the library keeps them).
 TEST(Conversions, Bf16MatchesAvx512Bf16) {
-  if (std::string(active_bf16_path()) != "avx512_bf16") GTEST_SKIP() << "no AVX512-BF16";
+  if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
   std::mt19937 rng(8);
   for (int i = 0; i < 2000000; ++i) {
     const float f = bits_float(static_cast<std::uint32_t>(rng()));
@@ -325,6 +326,26 @@ TEST(Bf16Path, CapSelectsThePath) {
   c.set_max_target(Target::best);
   const bool native = std::string(active_bf16_path(&c)) == "avx512_bf16";
   EXPECT_EQ(native, active_target(&c) == Target::avx512_bf16);
+  if (machine_runs(Target::avx512_bf16)) {
+    c.set_max_target(Target::avx512_bf16);
+    EXPECT_STREQ(active_bf16_path(&c), "avx512_bf16");
+  }
+}
+
+// `best` takes the native bf16 unit only where vdpbf16ps outpaces two FMAs: AMD's cores with
+// AVX512-BF16, not Intel's (lib/dispatch/dispatch.cpp); there best is avx512 and the unit runs
+// when a cap names it. The vendor is read here from /proc/cpuinfo, not from the library's CPUID.
+TEST(Bf16Path, BestTakesTheNativeUnitOnlyWhereItsProductsAreFaster) {
+  if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(f, line))
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  ASSERT_FALSE(vendor.empty()) << "no vendor_id in /proc/cpuinfo";
+  Context c;
+  c.set_max_target(Target::best);
+  EXPECT_EQ(active_target(&c), vendor == "AuthenticAMD" ? Target::avx512_bf16 : Target::avx512)
+      << vendor;
 }
 
 // The native kernel's decoding steps split the scaled Q into bf16 hi + lo (x86/bf16_stream-inl.h).

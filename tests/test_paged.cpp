@@ -295,11 +295,13 @@ TEST(Paged, NativeBf16PathReadsPages) {
   std::vector<float> want, want_lse;
   rounded.expected({}, want, want_lse);
   std::vector<float> out(want.size(), 7.0f);
+  Context ctx;
+  ctx.set_max_target(Target::avx512_bf16);
   attention(TensorView::contiguous(qb.data(), DType::bf16, {pl.B, pl.H, pl.Lq, pl.D}), pl.kv(),
-            f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}));
+            f32_view(out.data(), {pl.B, pl.H, pl.Lq, pl.Dv}), {}, &ctx);
   // Probabilities rounded to bf16 before P V (docs/precision.md): 2^-8 relative per term.
   EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), 4e-3 * std::sqrt(150.0 / 64), 8e-3))
-      << active_bf16_path();
+      << active_bf16_path(&ctx);
 }
 
 TEST(Paged, NativeDecodeWithF32Q) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "api/context_impl.h"
 #include "dispatch/dispatch.h"
@@ -154,17 +155,16 @@ const char* active_bf16_path(const Context* context) {
 Simd active_simd(const Context* context) { return detail::choose(context).provider; }
 
 std::string supported_targets() {
-  std::string s;
-  Target last = Target::best;
+  // What `best` runs first (not always the highest: dispatch.cpp's bf16_dot_outpaces_fma), then
+  // every other target some cap runs, highest first.
+  std::vector<Target> seen = {detail::choose(Target::best, Simd::highway).target};
   const auto own = detail::architecture_targets();
   for (auto it = own.rbegin(); it != own.rend(); ++it) {
-    const Target cap = *it;
-    const Target t = detail::choose(cap, Simd::highway).target;
-    if (t == last) continue;
-    if (!s.empty()) s += ",";
-    s += target_name(t);
-    last = t;
+    const Target t = detail::choose(*it, Simd::highway).target;
+    if (std::find(seen.begin(), seen.end(), t) == seen.end()) seen.push_back(t);
   }
+  std::string s;
+  for (Target t : seen) s += (s.empty() ? "" : ",") + std::string(target_name(t));
   return s;
 }
 

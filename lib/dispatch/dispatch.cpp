@@ -77,6 +77,25 @@ bool native_bf16_unit_runs() {
 #endif
 }
 
+// Whether the avx512_bf16 unit's vdpbf16ps is the faster way to multiply bf16 pairs on this CPU.
+// One vdpbf16ps does 32 products where an FMA does 16, so it wins where it issues at least half
+// as often as FMAs. AMD's Zen 4 and Zen 5 do (the native tiles run bf16 prefill at 1.7-1.9x
+// f32); Intel's cores with AVX512-BF16 (an Emerald Rapids measured) issue one every 2 cycles
+// against 2 FMAs a cycle, 16 products a cycle against the avx512 kernels' 32 on widened bf16, so
+// bf16 prefill and bf16-cache decoding run faster on avx512 there; the unit's VNNI int8 decoding
+// gains less than those lose (docs/performance.md#dm-bf16-dot-intel). A vendor rule, not a
+// timing: every process on a machine must choose alike, as the two paths round differently.
+bool bf16_dot_outpaces_fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  // "AuthenticAMD": ebx, edx, ecx.
+  return ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;
+#else
+  return false;
+#endif
+}
+
 // The SVE vector length in bits, or 0 without SVE. The kernel reads it from the thread's state
 // (prctl), which every thread of a process shares unless one changes its own: cpuattn assumes no
 // thread does.
@@ -118,8 +137,10 @@ Choice compute(Target cap, Simd provider) {
   }
   // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
   // the AVX-512 target Highway found, and a cap that admits it.
-  if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
-      native_bf16_unit_runs())
+  // `best` takes it only where its bf16 products are the faster ones; a cap that names it runs it
+  // on any CPU that has the extensions (how the tests run it everywhere).
+  if (c.target == Target::avx512 && native_bf16_unit_runs() &&
+      (cap == Target::avx512_bf16 || (cap == Target::best && bf16_dot_outpaces_fma())))
     c.target = Target::avx512_bf16;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&

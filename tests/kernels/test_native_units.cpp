@@ -24,7 +24,7 @@ namespace {
 
 const double kEps = std::numeric_limits<float>::epsilon();
 
-bool have_native() { return std::string(active_bf16_path()) == "avx512_bf16"; }
+bool have_native() { return machine_runs(Target::avx512_bf16); }
 
 // n bf16 values (rounded from uniform [-1, 1)) as bits, and their exact values.
 struct Bf16Rows {
