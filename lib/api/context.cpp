@@ -164,7 +164,10 @@ std::string supported_targets() {
     if (std::find(seen.begin(), seen.end(), t) == seen.end()) seen.push_back(t);
   }
   std::string s;
-  for (Target t : seen) s += (s.empty() ? "" : ",") + std::string(target_name(t));
+  for (Target t : seen) {
+    if (!s.empty()) s += ',';
+    s += target_name(t);
+  }
   return s;
 }
 
