@@ -422,8 +422,7 @@ CPUATTN_API Target active_target(const Context* context = nullptr);
 CPUATTN_API const char* active_bf16_path(const Context* context = nullptr);
 // The SIMD provider it would run with (see Simd: xsimd falls back to highway below SSE4).
 CPUATTN_API Simd active_simd(const Context* context = nullptr);
-// The targets this CPU and this build support, the one `best` runs first (on Intel CPUs with
-// AVX512-BF16 that is avx512, ahead of avx512_bf16), then the others, highest first.
+// The targets this CPU and this build support, best first.
 CPUATTN_API std::string supported_targets();
 
 }  // namespace cpuattn

@@ -178,8 +178,7 @@ CPUATTN_API cpuattn_status cpuattn_context_num_threads(const cpuattn_context* co
 /* The target the fast path would run on with `context`. */
 CPUATTN_API cpuattn_status cpuattn_active_target(const cpuattn_context* context,
                                                  cpuattn_target* out);
-/* The targets this CPU and build support, comma-separated (e.g. "avx2,sse4,scalar"): the one
- * CPUATTN_TARGET_BEST runs first, then the others, highest first.
+/* The targets this CPU and build support, best first, comma-separated (e.g. "avx2,sse4,scalar").
  * *out points to a string that lives until the process exits. */
 CPUATTN_API cpuattn_status cpuattn_supported_targets(const char** out);
 

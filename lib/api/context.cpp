@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "api/context_impl.h"
 #include "dispatch/dispatch.h"
@@ -148,25 +147,23 @@ Target active_target(const Context* context) { return detail::choose(context).ta
 const char* active_bf16_path(const Context* context) {
   // The plan's rule (kernels/flash/config.cpp) for bf16 Q and K/V; the row count does not matter.
   const detail::FlashUnit unit =
-      detail::choose_unit(detail::choose(context).target, DType::bf16, DType::bf16, 64);
+      detail::choose_unit(detail::choose(context), DType::bf16, DType::bf16, 64);
   return unit == detail::FlashUnit::avx512_bf16 ? "avx512_bf16" : "f32";
 }
 
 Simd active_simd(const Context* context) { return detail::choose(context).provider; }
 
 std::string supported_targets() {
-  // What `best` runs first (not always the highest: dispatch.cpp's bf16_dot_outpaces_fma), then
-  // every other target some cap runs, highest first.
-  std::vector<Target> seen = {detail::choose(Target::best, Simd::highway).target};
+  std::string s;
+  Target last = Target::best;
   const auto own = detail::architecture_targets();
   for (auto it = own.rbegin(); it != own.rend(); ++it) {
-    const Target t = detail::choose(*it, Simd::highway).target;
-    if (std::find(seen.begin(), seen.end(), t) == seen.end()) seen.push_back(t);
-  }
-  std::string s;
-  for (Target t : seen) {
-    if (!s.empty()) s += ',';
+    const Target cap = *it;
+    const Target t = detail::choose(cap, Simd::highway).target;
+    if (t == last) continue;
+    if (!s.empty()) s += ",";
     s += target_name(t);
+    last = t;
   }
   return s;
 }

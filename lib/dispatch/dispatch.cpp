@@ -82,8 +82,8 @@ bool native_bf16_unit_runs() {
 // as often as FMAs. AMD's Zen 4 and Zen 5 do (the native tiles run bf16 prefill at 1.7-1.9x
 // f32); Intel's cores with AVX512-BF16 (an Emerald Rapids measured) issue one every 2 cycles
 // against 2 FMAs a cycle, 16 products a cycle against the avx512 kernels' 32 on widened bf16, so
-// bf16 prefill and bf16-cache decoding run faster on avx512 there; the unit's VNNI int8 decoding
-// gains less than those lose (docs/performance.md#dm-bf16-dot-intel). A vendor rule, not a
+// there bf16 prefill and bf16-cache decoding run faster in the avx512 kernels, while the unit's
+// int8 decoding (VNNI) still gains (docs/performance.md#dm-bf16-dot-intel). A vendor rule, not a
 // timing: every process on a machine must choose alike, as the two paths round differently.
 bool bf16_dot_outpaces_fma() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -137,11 +137,13 @@ Choice compute(Target cap, Simd provider) {
   }
   // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
   // the AVX-512 target Highway found, and a cap that admits it.
-  // `best` takes it only where its bf16 products are the faster ones; a cap that names it runs it
-  // on any CPU that has the extensions (how the tests run it everywhere).
-  if (c.target == Target::avx512 && native_bf16_unit_runs() &&
-      (cap == Target::avx512_bf16 || (cap == Target::best && bf16_dot_outpaces_fma())))
+  // Its bf16 products run where they are the faster ones, or where a cap names the target (how
+  // the tests run them on every CPU that has the extensions).
+  if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
+      native_bf16_unit_runs()) {
     c.target = Target::avx512_bf16;
+    c.bf16_dot = cap == Target::avx512_bf16 || bf16_dot_outpaces_fma();
+  }
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
       sve_unit_runs(sve_bits)) {

@@ -43,6 +43,10 @@ struct Choice {
   Target target;          // the instruction set that runs
   std::size_t hwy_index;  // index into Highway's dispatch tables for this cap
   int sve_bits = 0;       // the SVE unit's vector length when target is sve
+  // With target avx512_bf16: whether its units multiply bf16 pairs (vdpbf16ps: the bf16 tiles and
+  // the bf16-cache decoding units) or leave bf16 to the avx512 kernels, which widen it for FMAs.
+  // The unit's int8 decoding (VNNI) runs either way (dispatch.cpp, bf16_dot_outpaces_fma).
+  bool bf16_dot = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

@@ -165,14 +165,16 @@ std::uint8_t kinds_met(const Problem& p, const Plan& pl) {
 
 }  // namespace
 
-FlashUnit choose_unit(Target target, DType q, DType kv, std::int64_t rows) {
-  if (target != Target::avx512_bf16) return FlashUnit::portable;
-  // Q, K and V bf16: the native tiles everywhere. Decoding steps of 2..kStreamRows rows per K/V
-  // head over bf16 or int8 K/V (any Q): the native streamed units.
-  if (native_dot(q) == NativeDot::bf16_pairs && native_dot(kv) == NativeDot::bf16_pairs)
+FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows) {
+  if (choice.target != Target::avx512_bf16) return FlashUnit::portable;
+  // Q, K and V bf16: the native tiles. Decoding steps of 2..kStreamRows rows per K/V head over
+  // bf16 or int8 K/V (any Q): the native streamed units. bf16 K/V only where the choice takes
+  // vdpbf16ps (Choice::bf16_dot); int8's VNNI P V wherever the target runs.
+  const NativeDot k_dot = native_dot(kv);
+  if (k_dot == NativeDot::bf16_pairs && !choice.bf16_dot) return FlashUnit::portable;
+  if (native_dot(q) == NativeDot::bf16_pairs && k_dot == NativeDot::bf16_pairs)
     return FlashUnit::avx512_bf16;
-  if (native_dot(kv) != NativeDot::none && rows >= 2 && rows <= kStreamRows)
-    return FlashUnit::avx512_bf16;
+  if (k_dot != NativeDot::none && rows >= 2 && rows <= kStreamRows) return FlashUnit::avx512_bf16;
   return FlashUnit::portable;
 }
 
@@ -180,7 +182,7 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   const FlashKernels& fk = flash_kernels(choice);
   Plan pl = plan_tasks(p, fk.block_rows, fk.block_keys);
   FlashPath& path = pl.path;
-  path.unit = choose_unit(choice.target, p.q.dtype, p.k.dtype, p.Lq * p.group);
+  path.unit = choose_unit(choice, p.q.dtype, p.k.dtype, p.Lq * p.group);
   for (int k = 0; k < kBlockKinds; ++k)
     path.block[k] = choose_block(p, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
   path.kinds = kinds_met(p, pl);

@@ -122,9 +122,9 @@ struct Plan {
 // and the units of every kind of query block.
 Plan plan_flash(const Problem& p, const Choice& choice);
 
-// The unit a problem with these dtypes runs on a target, `rows` its query rows per K/V head
+// The unit a problem with these dtypes runs for a choice, `rows` its query rows per K/V head
 // (Lq x group). Public so that active_bf16_path() reports this very rule.
-FlashUnit choose_unit(Target target, DType q, DType kv, std::int64_t rows);
+FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows);
 
 // The path as CPUATTN_VERBOSE prints it, e.g. "portable:tiled=tile_f32+tile_f32/f32" or
 // "avx512_bf16:stream_few=dot_runs_hilo+runs_bf16/partials".
