@@ -336,19 +336,28 @@ TEST(Bf16Path, CapSelectsThePath) {
 
 // `best` takes the native unit's bf16 products only where vdpbf16ps outpaces two FMAs: AMD's cores
 // with AVX512-BF16, not Intel's (lib/dispatch/dispatch.cpp); there they run when a cap names
-// avx512_bf16, and best still runs the target (its int8 decoding on VNNI). The vendor is read
-// here from /proc/cpuinfo, not from the library's CPUID.
+// avx512_bf16, and best still runs the target (its int8 decoding on VNNI, and bf16 tiles on AMX
+// where the CPU has AMX-BF16: the amx_bf16 flag of /proc/cpuinfo, and a Linux that grants the
+// tile state, which every kernel that lists the flag does). The vendor and the flags are read here
+// from /proc/cpuinfo, not from the library's CPUID.
 TEST(Bf16Path, BestTakesTheNativeUnitOnlyWhereItsProductsAreFaster) {
   if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
   std::ifstream f("/proc/cpuinfo");
-  std::string line, vendor;
-  while (vendor.empty() && std::getline(f, line))
+  std::string line, vendor, flags;
+  while ((vendor.empty() || flags.empty()) && std::getline(f, line)) {
     if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
+  }
   ASSERT_FALSE(vendor.empty()) << "no vendor_id in /proc/cpuinfo";
+  const bool amx = flags.find(" amx_bf16 ") != std::string::npos &&
+                   flags.find(" amx_tile ") != std::string::npos;
   Context c;
   c.set_max_target(Target::best);
   EXPECT_EQ(active_target(&c), Target::avx512_bf16);
-  EXPECT_STREQ(active_bf16_path(&c), vendor == "AuthenticAMD" ? "avx512_bf16" : "f32") << vendor;
+  EXPECT_STREQ(active_bf16_path(&c), vendor == "AuthenticAMD" ? "avx512_bf16"
+                                     : amx                    ? "amx_bf16"
+                                                              : "f32")
+      << vendor;
 }
 
 // The native kernel's decoding steps split the scaled Q into bf16 hi + lo (x86/bf16_stream-inl.h).

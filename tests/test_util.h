@@ -72,6 +72,12 @@ inline std::vector<Target> machine_targets() {
   return ts;
 }
 
+// Whether a context's bf16 paths multiply bf16 products (vdpbf16ps or AMX tiles, which round P to
+// bf16), not widened f32: the native bounds of the tests' tolerances apply.
+inline bool native_bf16_products(const Context* c) {
+  return std::string(active_bf16_path(c)) != "f32";
+}
+
 // A SIMD provider and a target cap: what a test runs the fast paths on.
 struct Backend {
   Simd simd;
@@ -100,12 +106,19 @@ inline std::vector<Backend> machine_backends() {
 }
 
 // Every (provider, target) of the machine, plus the native bf16 and VNNI units where the CPU has
-// them (the avx512 entries then run the portable paths: the cap).
+// them (the avx512 entries then run the portable paths: the cap), plus `best` where it runs what
+// no cap names: bf16 tiles on AMX (active_bf16_path() "amx_bf16").
 inline std::vector<Backend> native_and_machine_backends() {
   std::vector<Backend> bs = machine_backends();
   if (machine_runs(Target::avx512_bf16)) {
     bs.insert(bs.begin(), Backend{Simd::highway, Target::avx512_bf16});
     bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::avx512_bf16});
+  }
+  Context best(0);
+  best.set_max_target(Target::best);
+  if (std::string(active_bf16_path(&best)) == "amx_bf16") {
+    bs.insert(bs.begin(), Backend{Simd::highway, Target::best});
+    bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::best});
   }
   return bs;
 }

@@ -417,8 +417,9 @@ CPUATTN_API void reference_attention(const TensorView& q, const PagedKv& kv, con
 
 // The SIMD target the fast path would run on with `context` (or the default context).
 CPUATTN_API Target active_target(const Context* context = nullptr);
-// How a call with bf16 Q, K and V would compute its products: "avx512_bf16" (vdpbf16ps) or
-// "f32" (converted to f32 while packing, then the f32 kernels of active_target()).
+// How a prefill with bf16 Q, K and V would compute its products: "amx_bf16" (AMX tiles, head
+// sizes a multiple of 32), "avx512_bf16" (vdpbf16ps) or "f32" (converted to f32 while packing,
+// then the f32 kernels of active_target()).
 CPUATTN_API const char* active_bf16_path(const Context* context = nullptr);
 // The SIMD provider it would run with (see Simd: xsimd falls back to highway below SSE4).
 CPUATTN_API Simd active_simd(const Context* context = nullptr);

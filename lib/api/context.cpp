@@ -145,9 +145,11 @@ Context& default_context() {
 
 Target active_target(const Context* context) { return detail::choose(context).target; }
 const char* active_bf16_path(const Context* context) {
-  // The plan's rule (kernels/flash/config.cpp) for bf16 Q and K/V; the row count does not matter.
-  const detail::FlashUnit unit =
-      detail::choose_unit(detail::choose(context), DType::bf16, DType::bf16, 64);
+  // The plan's rule (kernels/flash/config.cpp) for the tiled blocks of bf16 Q and K/V (a prefill:
+  // 64 rows per K/V head, D 64).
+  const detail::Choice& choice = detail::choose(context);
+  if (detail::amx_tiles(choice, DType::bf16, DType::bf16, 64)) return "amx_bf16";
+  const detail::FlashUnit unit = detail::choose_unit(choice, DType::bf16, DType::bf16, 64, 64);
   return unit == detail::FlashUnit::avx512_bf16 ? "avx512_bf16" : "f32";
 }
 

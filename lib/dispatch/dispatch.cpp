@@ -6,6 +6,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #include <sys/prctl.h>
@@ -96,6 +100,23 @@ bool bf16_dot_outpaces_fma() {
 #endif
 }
 
+// Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
+// leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
+// it keeps off until asked (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16; it fails where the kernel
+// or a hypervisor does not enable it). Asked once per process; the leave lasts for its life and
+// covers every thread.
+bool amx_bf16_runs() {
+#if CPUATTN_HAS_NATIVE_BF16_UNIT && defined(__x86_64__) && defined(__linux__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  if ((edx & (1u << 24)) == 0 || (edx & (1u << 22)) == 0) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 // The SVE vector length in bits, or 0 without SVE. The kernel reads it from the thread's state
 // (prctl), which every thread of a process shares unless one changes its own: cpuattn assumes no
 // thread does.
@@ -143,6 +164,8 @@ Choice compute(Target cap, Simd provider) {
       native_bf16_unit_runs()) {
     c.target = Target::avx512_bf16;
     c.bf16_dot = cap == Target::avx512_bf16 || bf16_dot_outpaces_fma();
+    static const bool amx = amx_bf16_runs();
+    c.amx_bf16 = cap == Target::best && !c.bf16_dot && amx;
   }
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&

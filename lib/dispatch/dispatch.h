@@ -47,6 +47,10 @@ struct Choice {
   // the bf16-cache decoding units) or leave bf16 to the avx512 kernels, which widen it for FMAs.
   // The unit's int8 decoding (VNNI) runs either way (dispatch.cpp, bf16_dot_outpaces_fma).
   bool bf16_dot = false;
+  // With target avx512_bf16 and no cap naming it: whether the tiled blocks of bf16 Q, K and V run
+  // on AMX tiles (AMX-BF16, with the OS's leave to use the tile state: dispatch.cpp,
+  // amx_bf16_runs), where vdpbf16ps does not outpace the FMAs.
+  bool amx_bf16 = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

@@ -5,6 +5,7 @@
 
 #include "kernels/flash/geometry-inl.h"
 #include "kernels/flash/stream_dot-inl.h"
+#include "kernels/flash/x86/amx_tile-inl.h"
 #include "kernels/flash/x86/bf16_stream-inl.h"
 #include "kernels/flash/x86/bf16_tile-inl.h"
 #include "kernels/flash/x86/vnni_i8-inl.h"
@@ -63,6 +64,32 @@ void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr
   T::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride, [] {});
 }
 
+void AmxScores(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* s,
+               std::int64_t s_stride) {
+  using T = Bf16Tile<Ops>;
+  const std::int64_t dp2 = (p.D + 1) / 2, ncols = (nk + T::W - 1) / T::W * T::W;
+  std::vector<float> qb_buf, kb_buf;
+  auto* qb = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
+  auto* kb = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(ncols * dp2));
+  T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
+  T::PackK(p, 0, 0, 0, nk, kb);
+  Bf16Amx<Ops>::Scores(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, ncols, s,
+                       s_stride, [] {});
+  Bf16Amx<Ops>::ScaleRows(rows, s, s_stride, ncols, qscale);
+}
+
+void AmxPv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
+           std::int64_t p_stride, float* acc, std::int64_t acc_stride) {
+  using T = Bf16Tile<Ops>;
+  const std::int64_t dvp = (p.Dv + 15) / 16 * 16, ncols = (nk + T::W - 1) / T::W * T::W;
+  std::vector<float> vb_buf, pb_buf;
+  auto* vb = aligned<std::uint32_t>(vb_buf, static_cast<std::size_t>((nk + 1) / 2 * dvp));
+  auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
+  T::PackV(p, dvp, 0, 0, 0, nk, vb);
+  for (int r = 0; r < rows; ++r) T::RoundRow(pr + r * p_stride, ncols, pb + r * p_stride);
+  Bf16Amx<Ops>::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride, [] {});
+}
+
 void HiloScores(int rows, float* qp, std::int64_t qs, const detail::Problem& p, std::int64_t nk,
                 float* s, std::int64_t s_stride) {
   Bf16Stream<Ops>::SplitQRows(qp, rows, qs, p.D);
@@ -90,9 +117,9 @@ CPUATTN_NAMESPACE_END
 namespace cpuattn::detail {
 
 const NativeMicroKernels& native_micro_kernels() {
-  static const NativeMicroKernels table{&avx512bf16::TileScores, &avx512bf16::TileProbs,
-                                        &avx512bf16::TilePv, &avx512bf16::HiloScores,
-                                        &avx512bf16::PvRuns};
+  static const NativeMicroKernels table{
+      &avx512bf16::TileScores, &avx512bf16::TileProbs,  &avx512bf16::TilePv, &avx512bf16::AmxScores,
+      &avx512bf16::AmxPv,      &avx512bf16::HiloScores, &avx512bf16::PvRuns};
   return table;
 }
 

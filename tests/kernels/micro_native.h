@@ -26,6 +26,13 @@ struct NativeMicroKernels {
   // PvUnit::tile_bf16: acc[r][0, Dv) += P[r] (rounded to bf16) . V, V packed as pairs.
   void (*tile_pv)(const Problem& p, int rows, std::int64_t nk, const float* pr,
                   std::int64_t p_stride, float* acc, std::int64_t acc_stride);
+  // ScoreUnit::tile_amx then its scaling: as tile_scores, on AMX tiles (D a multiple of 32; run
+  // only where Choice::amx_bf16, which asks the OS for the tile state).
+  void (*amx_scores)(const Problem& p, int rows, std::int64_t nk, float qscale, float* s,
+                     std::int64_t s_stride);
+  // PvUnit::tile_amx: as tile_pv, on AMX tiles.
+  void (*amx_pv)(const Problem& p, int rows, std::int64_t nk, const float* pr,
+                 std::int64_t p_stride, float* acc, std::int64_t acc_stride);
   // QUnit::f32_hilo + ScoreUnit::dot: f32 Qp rows (vector-aligned, stride qs) split into bf16
   // hi + lo, s[r][j] = qp_r . k_j over bf16 K rows in place (DotScores with the hi/lo dot).
   void (*hilo_scores)(int rows, float* qp, std::int64_t qs, const Problem& p, std::int64_t nk,

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "core/dtypes.h"
 #include "cpuattn/cpuattn.h"
+#include "dispatch/dispatch.h"
 #include "micro_native.h"
 #include "test_util.h"
 
@@ -25,6 +27,8 @@ namespace {
 const double kEps = std::numeric_limits<float>::epsilon();
 
 bool have_native() { return machine_runs(Target::avx512_bf16); }
+// What `best` chooses for bf16 tiles (and, with it, the OS's leave to use the tile state).
+bool have_amx() { return have_native() && detail::choose(Target::best, Simd::highway).amx_bf16; }
 
 // n bf16 values (rounded from uniform [-1, 1)) as bits, and their exact values.
 struct Bf16Rows {
@@ -61,19 +65,23 @@ std::pair<double, double> dot(const float* a, const float* b, std::int64_t n) {
   return {sum, mag};
 }
 
-TEST(NativeUnits, TileScoresMatchDouble) {
-  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
-  const auto& k = detail::native_micro_kernels();
-  for (int rows : {1, 5, 6, 13})
-    for (std::int64_t D : {1, 31, 64, 130})
-      for (std::int64_t nk : {1, 63, 65, 128}) {
+using ScoresFn = decltype(detail::NativeMicroKernels::tile_scores);
+using PvFn = decltype(detail::NativeMicroKernels::tile_pv);
+
+// Each score within its f32 sum's rounding ((D + 2) eps of sum |q k|: the products are exact).
+void ExpectScoresMatch(ScoresFn scores, std::initializer_list<int> row_counts,
+                       std::initializer_list<std::int64_t> dims,
+                       std::initializer_list<std::int64_t> key_counts) {
+  for (int rows : row_counts)
+    for (std::int64_t D : dims)
+      for (std::int64_t nk : key_counts) {
         const Bf16Rows q(rows * D, 1), kv(nk * D, 2);
         const detail::Problem p = problem(rows, nk, D, D, q.bits.data(), DType::bf16,
                                           kv.bits.data(), kv.bits.data(), DType::bf16);
         const std::int64_t ncols = (nk + 63) / 64 * 64;
         AlignedFloats s(rows * ncols);
         const float qscale = 0.125f;
-        k.tile_scores(p, rows, nk, qscale, s.data(), ncols);
+        scores(p, rows, nk, qscale, s.data(), ncols);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t j = 0; j < nk; ++j) {
             const auto [want, mag] = dot(&q.value[r * D], &kv.value[j * D], D);
@@ -82,6 +90,20 @@ TEST(NativeUnits, TileScoresMatchDouble) {
                 << "rows " << rows << " D " << D << " nk " << nk << ": row " << r << " key " << j;
           }
       }
+}
+
+TEST(NativeUnits, TileScoresMatchDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  ExpectScoresMatch(detail::native_micro_kernels().tile_scores, {1, 5, 6, 13}, {1, 31, 64, 130},
+                    {1, 63, 65, 128});
+}
+
+// The AMX tiles: row counts around the 16-row tiles and their pairs, head sizes of 1 to 4 steps of
+// 32 dims, keys in part of a panel and across two.
+TEST(NativeUnits, AmxScoresMatchDouble) {
+  if (!have_amx()) GTEST_SKIP() << "no AMX-BF16 (or no leave from the OS to use it) on this CPU";
+  ExpectScoresMatch(detail::native_micro_kernels().amx_scores, {1, 5, 16, 17, 32, 33, 50},
+                    {32, 96, 128}, {1, 63, 65, 128});
 }
 
 // Scores and softmax in one pass: each probability 2^(s - m) within the bf16 rounding (2^-8),
@@ -172,12 +194,12 @@ TEST(NativeUnits, TileProbsMatchDouble) {
 }
 
 // P V with P rounded to bf16: each term p v within 2^-8 |p v|, plus f32 sums.
-TEST(NativeUnits, TilePvMatchesDouble) {
-  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
-  const auto& k = detail::native_micro_kernels();
-  for (int rows : {1, 6, 7})
-    for (std::int64_t Dv : {1, 40, 64, 100})
-      for (std::int64_t nk : {1, 2, 63, 128}) {
+void ExpectPvMatches(PvFn pv_fn, std::initializer_list<int> row_counts,
+                     std::initializer_list<std::int64_t> widths,
+                     std::initializer_list<std::int64_t> key_counts) {
+  for (int rows : row_counts)
+    for (std::int64_t Dv : widths)
+      for (std::int64_t nk : key_counts) {
         const Bf16Rows v(nk * Dv, 3);
         const detail::Problem p = problem(rows, nk, 1, Dv, v.bits.data(), DType::bf16,
                                           v.bits.data(), v.bits.data(), DType::bf16);
@@ -186,10 +208,13 @@ TEST(NativeUnits, TilePvMatchesDouble) {
         const auto pv = random_floats(rows * nk, 4, 0.0f, 1.0f);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t j = 0; j < nk; ++j) pr.data()[r * ncols + j] = pv[r * nk + j];
-        k.tile_pv(p, rows, nk, pr.data(), ncols, acc.data(), dvp);
+        // Accumulators that start away from 0, as a block after the first finds them.
+        const auto acc0 = random_floats(rows * dvp, 5);
+        for (std::int64_t i = 0; i < rows * dvp; ++i) acc.data()[i] = acc0[i];
+        pv_fn(p, rows, nk, pr.data(), ncols, acc.data(), dvp);
         for (int r = 0; r < rows; ++r)
           for (std::int64_t c = 0; c < Dv; ++c) {
-            double want = 0, mag = 0;
+            double want = acc0[r * dvp + c], mag = std::abs(want);
             for (std::int64_t j = 0; j < nk; ++j) {
               const double t = double(pv[r * nk + j]) * v.value[j * Dv + c];
               want += t;
@@ -200,6 +225,20 @@ TEST(NativeUnits, TilePvMatchesDouble) {
                 << "rows " << rows << " Dv " << Dv << " nk " << nk << ": row " << r << " col " << c;
           }
       }
+}
+
+TEST(NativeUnits, TilePvMatchesDouble) {
+  if (!have_native()) GTEST_SKIP() << "no AVX512-BF16 + VNNI on this CPU";
+  ExpectPvMatches(detail::native_micro_kernels().tile_pv, {1, 6, 7}, {1, 40, 64, 100},
+                  {1, 2, 63, 128});
+}
+
+// The AMX tiles: rows around 16 and 32, widths of part of a tile, an odd number of 16-column
+// tiles and several chunks, keys below one step of 32, whole steps and steps with a tail.
+TEST(NativeUnits, AmxPvMatchesDouble) {
+  if (!have_amx()) GTEST_SKIP() << "no AMX-BF16 (or no leave from the OS to use it) on this CPU";
+  ExpectPvMatches(detail::native_micro_kernels().amx_pv, {1, 15, 16, 17, 33}, {1, 40, 64, 100, 144},
+                  {1, 31, 32, 33, 64, 100, 128});
 }
 
 // The decoding dot with Q split into bf16 hi + lo: within 2^-16 sum |q k| of the f32 product.

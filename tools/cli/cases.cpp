@@ -184,16 +184,35 @@ const char* variant_name(ScoreVariant v) {
   }
 }
 
-double attention_fma_share(std::int64_t D, std::int64_t Dv, bool pairs) {
-  const double products = static_cast<double>(D + Dv);
-  return products / ((pairs ? 0.5 : 1.0) * products + kSoftmaxOpsPerScore);
+Products products_of(const std::string& bf16_path) {
+  return bf16_path == "amx_bf16"      ? Products::tiles
+         : bf16_path == "avx512_bf16" ? Products::pairs
+                                      : Products::f32;
 }
 
+double attention_fma_share(std::int64_t D, std::int64_t Dv, Products products) {
+  const double n = static_cast<double>(D + Dv);
+  const double per_product = products == Products::tiles   ? 0.0
+                             : products == Products::pairs ? 0.5
+                                                           : 1.0;
+  return n / (per_product * n + kSoftmaxOpsPerScore);
+}
+
+namespace {
+
+double share_of(const WorkPart& w, Products products) {
+  return products == Products::tiles   ? w.fma_share_tiles
+         : products == Products::pairs ? w.fma_share_native
+                                       : w.fma_share;
+}
+
+}  // namespace
+
 double limit_ms(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
-                bool native) {
+                Products products) {
   double ms = 0;
   for (const WorkPart& w : parts) {
-    const double share = native ? w.fma_share_native : w.fma_share;
+    const double share = share_of(w, products);
     ms +=
         std::max(w.flops / (peak_gflops * share), read_gbps > 0 ? w.bytes / read_gbps : 0.0) * 1e-6;
   }
@@ -201,10 +220,10 @@ double limit_ms(const std::vector<WorkPart>& parts, double peak_gflops, double r
 }
 
 std::string limit_kind(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
-                       bool native) {
+                       Products products) {
   bool fma = false, bw = false;
   for (const WorkPart& w : parts) {
-    const double share = native ? w.fma_share_native : w.fma_share;
+    const double share = share_of(w, products);
     (w.flops / (peak_gflops * share) >= w.bytes / read_gbps ? fma : bw) = true;
   }
   return fma && bw ? "fma+bw" : fma ? "fma" : "bw";
@@ -244,8 +263,9 @@ Case attention_case(const Shape& s, DType dtype, DType kv_dtype, ScoreVariant va
   if (layout == Layout::blhd) dims += " [B,L,H,D]";
   Case c{s.name, dims, s.flops(), kv_bytes, s.decode(), {}, {}, layout_name(layout)};
   const bool pairs = dtype == DType::bf16 && kv_dtype == DType::bf16;
-  c.parts = {
-      {s.flops(), kv_bytes, attention_fma_share(s.D, s.Dv), attention_fma_share(s.D, s.Dv, pairs)}};
+  c.parts = {{s.flops(), kv_bytes, attention_fma_share(s.D, s.Dv),
+              attention_fma_share(s.D, s.Dv, pairs ? Products::pairs : Products::f32),
+              attention_fma_share(s.D, s.Dv, pairs ? Products::tiles : Products::f32)}};
   c.run = [d, s, opts, dtype, kv_dtype, layout](Context& ctx) {
     // The same buffers either way: a [B, L, H, D] view reads them with other strides.
     const auto in = [&](const void* data, DType t, std::int64_t h, std::int64_t l, std::int64_t e) {

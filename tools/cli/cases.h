@@ -19,11 +19,17 @@ Shape parse_shape(const std::string& text, bool causal);
 
 // A part of a case's work as the roofline model sees it: `flops` on the FMA pipes, of which they
 // can spend `fma_share` on the counted flops (attention's softmax runs on the same pipes;
-// `fma_share_native` when the products ran as bf16 pairs, two multiply-adds a lane), and `bytes`
-// that must come from memory. It takes the longer of its FMA time and its read time.
+// `fma_share_native` when the products ran as bf16 pairs, two multiply-adds a lane;
+// `fma_share_tiles` when they ran on AMX tiles, beside the FMA pipes, which then carry the softmax
+// alone), and `bytes` that must come from memory. It takes the longer of its FMA time and its read
+// time.
 struct WorkPart {
-  double flops = 0, bytes = 0, fma_share = 1, fma_share_native = 1;
+  double flops = 0, bytes = 0, fma_share = 1, fma_share_native = 1, fma_share_tiles = 1;
 };
+
+// How a case's products ran (active_bf16_path() of its context, for bf16 Q and K/V).
+enum class Products { f32, pairs, tiles };
+Products products_of(const std::string& bf16_path);
 
 // One timed case: its work (FLOPs, and the bytes it must stream for memory-bound cases), the
 // parts of that work for the model's limit, and a function that runs it once on a context.
@@ -43,15 +49,18 @@ inline constexpr double kSoftmaxOpsPerScore = 15;
 // The share of the FMA pipes' work that is counted flops in attention with head dims D and Dv:
 // per score D + Dv multiply-adds (half as many instructions as bf16 pairs: `pairs`) against
 // kSoftmaxOpsPerScore other operations.
-double attention_fma_share(std::int64_t D, std::int64_t Dv, bool pairs = false);
+// With Products::tiles the products cost the FMA pipes nothing (an AMX tile product of 16 x 16
+// scores and 32 dims takes 16 cycles of the tile unit: 1/16 cycle per score and 32 dims, against
+// kSoftmaxOpsPerScore / 32 for the softmax on two 16-lane pipes).
+double attention_fma_share(std::int64_t D, std::int64_t Dv, Products products = Products::f32);
 // The model's time for `parts` at `peak_gflops` (f32 FMA) and `read_gbps`, in ms: each part the
-// longer of its FMA and read times, the parts one after another. `native`: bf16 pairs ran.
+// longer of its FMA and read times, the parts one after another, as `products` ran.
 double limit_ms(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
-                bool native);
+                Products products);
 // "fma", "bw" or "fma+bw": which bound sets the limit of each part (both kinds: a decode step's
 // projections and its cache read).
 std::string limit_kind(const std::vector<WorkPart>& parts, double peak_gflops, double read_gbps,
-                       bool native);
+                       Products products);
 
 // A dtype by name (cpuattn::parse_dtype): one of Q's (f32, bf16, f16), or with `kv` any K/V dtype
 // of the library's list; throws std::invalid_argument naming `flag` and the choices.

@@ -467,9 +467,11 @@ void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes&
   if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
   // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
   // share of the peak or read time, whichever is longer, part after part.
-  const bool native = r.value("bf16_path", "") == "avx512_bf16";
-  r["limit_ms"] = limit_ms(row.parts, probes.peak[key], probes.bw[key], native);
-  r["limit"] = limit_kind(row.parts, probes.peak[key], probes.bw[key], native);
+  // AMX runs the tiled blocks only: a decoding step's streamed blocks keep the f32 units.
+  Products products = products_of(r.value("bf16_path", ""));
+  if (products == Products::tiles && row.memory_bound) products = Products::f32;
+  r["limit_ms"] = limit_ms(row.parts, probes.peak[key], probes.bw[key], products);
+  r["limit"] = limit_kind(row.parts, probes.peak[key], probes.bw[key], products);
   r["pct_limit"] = 100.0 * r["limit_ms"].get<double>() / med;
   if (o.sweep == "threads") {
     double base_ms = 0;

@@ -105,17 +105,20 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // 2-byte or f32 elements with several rows, and as one stream for 1-byte K and one-row blocks
 // (bound by their instructions, they lost with runs).
 // V is read in place where its rows are whole vectors. On the native unit, blocks of several rows
-// per K/V head run bf16 K on the hi/lo dot and bf16 or int8 V (Dv whole groups of 32) on the
-// native P V runs; one row per K/V head keeps the f32 units (bound by memory, the native ones
-// were slower there).
-BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::int64_t lanes,
-                       std::int64_t block_keys) {
+// per K/V head run bf16 K on the hi/lo dot and bf16 V (where the choice takes vdpbf16ps) or int8 V
+// (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units (bound
+// by memory, the native ones were slower there). Tiled bf16 blocks run on AMX where the choice
+// has it (amx_tiles), else on vdpbf16ps.
+BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, BlockKind kind,
+                       std::int64_t lanes, std::int64_t block_keys) {
   const bool native = unit == FlashUnit::avx512_bf16;
   // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
   // two) every block lies in one page and reads as contiguous K/V does.
   const bool whole_pages =
       p.pages == nullptr || (std::int64_t{1} << p.page_shift) % block_keys == 0;
   if (kind == BlockKind::tiled) {
+    if (native && amx_tiles(choice, p.q.dtype, p.k.dtype, p.D))
+      return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_amx, PvUnit::tile_amx};
     if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
         native_dot(p.k.dtype) == NativeDot::bf16_pairs)
       return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
@@ -125,12 +128,15 @@ BlockPath choose_block(const Problem& p, FlashUnit unit, BlockKind kind, std::in
             PvUnit::tile_f32};
   }
   const bool few = kind == BlockKind::stream_few;
+  // bf16 products on vdpbf16ps only where the choice takes them (the native unit runs for AMX's
+  // tiles without them: the streamed blocks of such a problem then keep the f32 units).
+  const bool native_bf16 = native && few && choice.bf16_dot;
   BlockPath b;
-  b.q = native && few && native_dot(p.k.dtype) == NativeDot::bf16_pairs ? QUnit::f32_hilo
-                                                                        : QUnit::f32;
+  b.q =
+      native_bf16 && native_dot(p.k.dtype) == NativeDot::bf16_pairs ? QUnit::f32_hilo : QUnit::f32;
   b.kv = p.Dv % lanes == 0 ? KvUnit::in_place : KvUnit::v_packed;
   const NativeDot v_dot = native_dot(p.v.dtype);
-  if (native && few && p.Dv % 32 == 0 && v_dot == NativeDot::bf16_pairs) {
+  if (native_bf16 && p.Dv % 32 == 0 && v_dot == NativeDot::bf16_pairs) {
     b.pv = PvUnit::runs_bf16;
   } else if (native && few && p.Dv % 32 == 0 && v_dot == NativeDot::int16_pairs) {
     b.pv = PvUnit::runs_vnni;
@@ -165,11 +171,18 @@ std::uint8_t kinds_met(const Problem& p, const Plan& pl) {
 
 }  // namespace
 
-FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows) {
+bool amx_tiles(const Choice& choice, DType q, DType kv, std::int64_t D) {
+  return choice.amx_bf16 && native_dot(q) == NativeDot::bf16_pairs &&
+         native_dot(kv) == NativeDot::bf16_pairs && D % 32 == 0;
+}
+
+FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows, std::int64_t D) {
   if (choice.target != Target::avx512_bf16) return FlashUnit::portable;
-  // Q, K and V bf16: the native tiles. Decoding steps of 2..kStreamRows rows per K/V head over
-  // bf16 or int8 K/V (any Q): the native streamed units. bf16 K/V only where the choice takes
-  // vdpbf16ps (Choice::bf16_dot); int8's VNNI P V wherever the target runs.
+  // Q, K and V bf16: the native tiles, on AMX where the choice has it. Decoding steps of
+  // 2..kStreamRows rows per K/V head over bf16 or int8 K/V (any Q): the native streamed units.
+  // bf16 K/V only where the choice takes vdpbf16ps (Choice::bf16_dot); int8's VNNI P V wherever
+  // the target runs.
+  if (amx_tiles(choice, q, kv, D) && rows > kStreamRows) return FlashUnit::avx512_bf16;
   const NativeDot k_dot = native_dot(kv);
   if (k_dot == NativeDot::bf16_pairs && !choice.bf16_dot) return FlashUnit::portable;
   if (native_dot(q) == NativeDot::bf16_pairs && k_dot == NativeDot::bf16_pairs)
@@ -182,9 +195,10 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   const FlashKernels& fk = flash_kernels(choice);
   Plan pl = plan_tasks(p, fk.block_rows, fk.block_keys);
   FlashPath& path = pl.path;
-  path.unit = choose_unit(choice, p.q.dtype, p.k.dtype, p.Lq * p.group);
+  path.unit = choose_unit(choice, p.q.dtype, p.k.dtype, p.Lq * p.group, p.D);
   for (int k = 0; k < kBlockKinds; ++k)
-    path.block[k] = choose_block(p, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
+    path.block[k] =
+        choose_block(p, choice, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
   path.kinds = kinds_met(p, pl);
   for (int k = 0; k < kBlockKinds; ++k)
     path.q_hilo |= ((path.kinds >> k) & 1) != 0 && path.block[k].q == QUnit::f32_hilo;
@@ -200,8 +214,9 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
 
 std::string path_name(const FlashPath& path) {
   static constexpr const char* kKind[] = {"tiled", "stream_one", "stream_few"};
-  static constexpr const char* kScore[] = {"tile_f32", "tile_bf16", "dot", "dot_runs"};
-  static constexpr const char* kPv[] = {"tile_f32", "tile_bf16", "runs", "runs_bf16", "runs_vnni"};
+  static constexpr const char* kScore[] = {"tile_f32", "tile_bf16", "dot", "dot_runs", "tile_amx"};
+  static constexpr const char* kPv[] = {"tile_f32",  "tile_bf16", "runs",
+                                        "runs_bf16", "runs_vnni", "tile_amx"};
   static constexpr const char* kOut[] = {"f32", "f32_stream", "narrow", "partials"};
   std::string s = path.unit == FlashUnit::avx512_bf16 ? "avx512_bf16:" : "portable:";
   bool first = true;

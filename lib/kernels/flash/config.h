@@ -42,9 +42,11 @@ inline constexpr int kBlockKinds = 3;
 //              k_packed     K panels in f32; f32 V read in place by the P V tile (a block
 //                           in one page)
 //   ScoreUnit  tile_f32, tile_bf16   a tile of rows against a packed K panel
+//              tile_amx  bf16 K panels on AMX tiles, raw scores into S (x86/amx_tile-inl.h)
 //              dot       streamed K, one stream per block (stream_dot-inl.h)
 //              dot_runs  streamed K in four interleaved runs (stream_runs-inl.h)
 //   PvUnit     tile_f32, tile_bf16   rows of P times packed V chunks
+//              tile_amx    bf16 P times bf16 V chunks on AMX tiles (x86/amx_tile-inl.h)
 //              runs        V in place, widened as loaded (pv-inl.h)
 //              runs_bf16   V in place on vdpbf16ps (x86/bf16_stream-inl.h)
 //              runs_vnni   int8 V in place on vpdpwssd (x86/vnni_i8-inl.h)
@@ -56,8 +58,8 @@ inline bool packs_k(KvUnit u) {
   return u == KvUnit::packed_f32 || u == KvUnit::packed_bf16 || u == KvUnit::k_packed;
 }
 
-enum class ScoreUnit : std::uint8_t { tile_f32, tile_bf16, dot, dot_runs };
-enum class PvUnit : std::uint8_t { tile_f32, tile_bf16, runs, runs_bf16, runs_vnni };
+enum class ScoreUnit : std::uint8_t { tile_f32, tile_bf16, dot, dot_runs, tile_amx };
+enum class PvUnit : std::uint8_t { tile_f32, tile_bf16, runs, runs_bf16, runs_vnni, tile_amx };
 
 struct BlockPath {
   QUnit q;
@@ -67,6 +69,11 @@ struct BlockPath {
   // Streamed contiguous K/V whose scores prefetch V: the P V unit prefetches the next block's K
   // rows (key_ahead.h).
   bool k_ahead = false;
+  // Tiled blocks: K/V packed into panels and chunks, scores in tiles of rows.
+  CPUATTN_ALWAYS_INLINE bool tiled() const {
+    return score == ScoreUnit::tile_f32 || score == ScoreUnit::tile_bf16 ||
+           score == ScoreUnit::tile_amx;
+  }
   // The accumulators are in the column order of the native P V runs until the output
   // (UnpermuteAcc).
   CPUATTN_ALWAYS_INLINE bool permuted() const {
@@ -122,9 +129,13 @@ struct Plan {
 // and the units of every kind of query block.
 Plan plan_flash(const Problem& p, const Choice& choice);
 
+// Whether the tiled blocks of bf16 Q and K/V of head size D run on AMX (Choice::amx_bf16, D
+// whole 32s: a tile step takes 32 dims).
+bool amx_tiles(const Choice& choice, DType q, DType kv, std::int64_t D);
+
 // The unit a problem with these dtypes runs for a choice, `rows` its query rows per K/V head
-// (Lq x group). Public so that active_bf16_path() reports this very rule.
-FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows);
+// (Lq x group), D its head size. Public so that active_bf16_path() reports this very rule.
+FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows, std::int64_t D);
 
 // The path as CPUATTN_VERBOSE prints it, e.g. "portable:tiled=tile_f32+tile_f32/f32" or
 // "avx512_bf16:stream_few=dot_runs_hilo+runs_bf16/partials".

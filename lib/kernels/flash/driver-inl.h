@@ -44,6 +44,8 @@ template <class O>
 struct Bf16Stream;
 template <class O>
 struct VnniI8;
+template <class O>
+struct Bf16Amx;
 
 // What task t covers: batch b, K/V heads [hk, hk + nhk), query heads [h0, h0 + nh) (with several
 // K/V heads, their groups head-major), query blocks [qb0, qb1), keys [k0, k1) of split ks.
@@ -352,6 +354,22 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
             tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p); });
       clock.lap(Phase::scores);
       return;
+    case ScoreUnit::tile_amx:
+      // Raw dot products, scaled, then masked in a pass over S as the streamed units' are, where
+      // the block has row masks (RunKeyBlocks sets them for a tiled block that is not clean).
+      if constexpr (kNative) {
+        const std::int64_t qs2 = (p.D + 1) / 2;
+        Bf16Amx<O>::Scores(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2, qs2,
+                           reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols, s, g.Nk,
+                           [&] { tb.ahead.Drip(p); });
+        Bf16Amx<O>::ScaleRows(n, s, g.Nk, kb.ncols, static_cast<float>(p.scale) * detail::kLog2e);
+      }
+      clock.lap(Phase::scores);
+      if (!kb.clean() || mi.transforms())
+        for (int r = hr.lo; r < hr.hi; ++r)
+          MaskScoreRow<O>(tb.s + r * g.Nk, kb.ncols, tb.rm[r], mi);
+      clock.lap(Phase::mask);
+      return;
     case ScoreUnit::dot:
       // A paged block's next block lies in another page, and so do its int8 scales.
       PrefetchRunScales(p, tc.b, kb.kb0, g.Nk, std::min(tc.k1 - kb.kb0, 2 * g.Nk), hr.head);
@@ -386,7 +404,8 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
 
 // The tiled score units on a block that no row needs masked or transformed, once every row has a
 // finite max, or while no row has seen a key: scores and softmax in one pass
-// (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for P V). The block's sums wait on the stack
+// (ProbBlockTiles; Bf16Tile::ProbBlock, Pb ready for P V; the AMX tiles' scores pass through S
+// to Bf16Tile's probability tiles, ProbBlockFrom). The block's sums wait on the stack
 // until every tile has passed. False if the block must take the two passes (ScoreBlock,
 // SoftmaxRows), which then overwrite S and Pb.
 template <class O, bool kNative>
@@ -396,9 +415,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   using detail::ScoreUnit;
   constexpr int N = O::kLanes;
   const bool f32 = q.path.score == ScoreUnit::tile_f32;
-  if ((!f32 && q.path.score != ScoreUnit::tile_bf16) || exact_pv || mi.transforms() || q.k_lo ||
-      !kb.clean())
-    return false;
+  if (!q.path.tiled() || exact_pv || mi.transforms() || q.k_lo || !kb.clean()) return false;
   const int n = hr.hi - hr.lo;
   if (n > O::kBlockRows) return false;  // plans keep tiled blocks to kBlockRows rows
   // Rows that have all seen a block, or none: a row with no key yet has l = 0 and Acc = 0
@@ -414,10 +431,23 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
                            first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
   } else if constexpr (kNative) {
     const std::int64_t qs2 = (p.D + 1) / 2;
-    ok = Bf16Tile<O>::ProbBlock(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2,
-                                qs2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
-                                static_cast<float>(p.scale) * detail::kLog2e, tb.m + hr.lo, first,
-                                tb.pb + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
+    const auto* qb = reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2;
+    const auto* kp = reinterpret_cast<const std::uint32_t*>(kb.kp);
+    const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+    if (q.path.score == ScoreUnit::tile_amx) {
+      // The AMX tiles' raw dot products wait in S for the probability tiles.
+      float* s = tb.s + hr.lo * g.Nk;
+      Bf16Amx<O>::Scores(n, qb, qs2, qs2, kp, kb.ncols, s, g.Nk, [&] { tb.ahead.Drip(p); });
+      ok = Bf16Tile<O>::ProbBlockFrom(
+          n,
+          [&](int r0, std::int64_t c0) {
+            return typename Bf16Tile<O>::SavedDots{s + r0 * g.Nk + c0, g.Nk};
+          },
+          kb.ncols, qscale, tb.m + hr.lo, first, tb.pb + hr.lo * g.Nk, g.Nk, lsum, N, [] {});
+    } else {
+      ok = Bf16Tile<O>::ProbBlock(n, qb, qs2, qs2, kp, kb.ncols, qscale, tb.m + hr.lo, first,
+                                  tb.pb + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
+    }
   }
   if (!ok) return false;
   for (int r = 0; r < n; ++r)
@@ -435,7 +465,8 @@ CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g
                                        TaskBuffers& tb) {
   constexpr int N = O::kLanes;
   if constexpr (kNative) {
-    if (q.path.pv == detail::PvUnit::tile_bf16 && !exact_pv) {
+    if ((q.path.pv == detail::PvUnit::tile_bf16 || q.path.pv == detail::PvUnit::tile_amx) &&
+        !exact_pv) {
       for (int r = hr.lo; r < hr.hi; ++r)
         OnlineSoftmaxRow<O>(tb.s + r * g.Nk, kb.ncols, tb.m[r], tb.l + r * N, tb.acc + r * g.DvP,
                             g.DvP, typename Bf16Tile<O>::PutRounded{tb.pb + r * g.Nk});
@@ -481,6 +512,12 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
                              reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
                              acc + hr.lo * g.DvP, g.DvP, [&] { tb.ahead.Drip(p); });
       return;
+    case PvUnit::tile_amx:
+      if constexpr (kNative)
+        Bf16Amx<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
+                            reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
+                            acc + hr.lo * g.DvP, g.DvP, [&] { tb.ahead.Drip(p); });
+      return;
     case PvUnit::runs: {
       const bool v_lo = VScalesAllowLo(p, tc.b, hr.head, kb.kb0, kb.nk_live);
       if (p.v_scale != nullptr || v_lo)
@@ -520,8 +557,7 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
     O::Store(O::Zero(), tb.l + r * N);
   }
   std::fill(tb.acc, tb.acc + q.rows * g.DvP, 0.0f);
-  const bool tiled =
-      q.path.score == detail::ScoreUnit::tile_f32 || q.path.score == detail::ScoreUnit::tile_bf16;
+  const bool tiled = q.path.tiled();
   for (std::int64_t kb0 = q.kb_first; kb0 < q.end_hi; kb0 += g.Nk) {
     const KeyBlock kb = LoadKeyBlock<O, kNative>(p, tc, q, g, kb0, tb);
     clock.lap(Phase::pack_kv);
@@ -609,10 +645,12 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
   const std::int64_t blocks = std::max<std::int64_t>(1, (q.end_hi - q.kb_first + g.Nk - 1) / g.Nk);
   a.shares = 2 * blocks * tc.nhk;
   a.lines = a.rows * InputsAhead::QRowLines(p) + a.nk * InputsAhead::KvRowLines(p);
-  if (q.path.score == detail::ScoreUnit::tile_f32 || q.path.score == detail::ScoreUnit::tile_bf16) {
+  if (q.path.tiled()) {
     // Every tile of every key block and K/V head calls Drip (f32 and native bf16 alike).
-    const std::int64_t drips =
-        std::max<std::int64_t>(1, g.block_tiles(q.head_rows) * blocks * tc.nhk);
+    const std::int64_t tiles = q.path.score == detail::ScoreUnit::tile_amx
+                                   ? g.amx_block_tiles(q.head_rows)
+                                   : g.block_tiles(q.head_rows);
+    const std::int64_t drips = std::max<std::int64_t>(1, tiles * blocks * tc.nhk);
     a.per_tile = (a.lines + drips - 1) / drips;
   }
   return a;

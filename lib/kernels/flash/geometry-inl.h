@@ -30,6 +30,11 @@ struct Geometry {
     return (rows + O::kScoreRows - 1) / O::kScoreRows * (Nk / W) +
            (rows + O::kPvRows - 1) / O::kPvRows * ((DvP + CW - 1) / CW);
   }
+  // The same for the AMX tiles (x86/amx_tile-inl.h), which call between() once per 32 keys of a
+  // pair of 16-row groups and once per 32 columns of P V.
+  std::int64_t amx_block_tiles(std::int64_t rows) const {
+    return (rows + 31) / 32 * (Nk / 32 + (DvP + 31) / 32);
+  }
   explicit Geometry(const detail::Problem& p, std::int64_t block_keys)
       : D(p.D), Dv(p.Dv), DvP((p.Dv + N - 1) / N * N), Nk(block_keys) {}
 };

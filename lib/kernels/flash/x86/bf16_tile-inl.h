@@ -228,22 +228,44 @@ struct Bf16Tile {
     }
   };
 
+  // Where a probability tile's raw dot products come from: Dots over Qb rows and a Kb panel, or
+  // (SavedDots) S rows that hold them already (the AMX tiles', x86/amx_tile-inl.h).
+  struct PanelDots {
+    const std::uint32_t* q;
+    std::int64_t qs2, dp2;
+    const std::uint32_t* kb;
+    template <int R, int C>
+    CPUATTN_ALWAYS_INLINE void Load(__m512 (&acc)[R][C]) const {
+      Dots<R, C>(q, qs2, dp2, kb, acc);
+    }
+  };
+  struct SavedDots {
+    const float* s;
+    std::int64_t s_stride;
+    template <int R, int C>
+    CPUATTN_ALWAYS_INLINE void Load(__m512 (&acc)[R][C]) const {
+      CPUATTN_UNROLL(16)
+      for (int r = 0; r < R; ++r) {
+        CPUATTN_UNROLL(4)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_load_ps(s + r * s_stride + c * N);
+      }
+    }
+  };
+
   // ProbBlock's tile: R rows x W keys of probabilities 2^(s - m[r]) rounded to bf16 into Pb rows
   // and summed into lsum rows (one vector each), straight from the accumulators; false, with
   // nothing written, if a score is above m[r] + kLazyMaxSlack or NaN. With kFirst (the block's
   // first panel, rows that have seen no key) m[r] is set, to the largest of the row's scores
   // here; false where that is not finite or a score is NaN.
-  template <int R, bool kFirst>
-  static CPUATTN_ALWAYS_INLINE bool ProbTile(const std::uint32_t* CPUATTN_RESTRICT q,
-                                             std::int64_t qs2, std::int64_t dp2,
-                                             const std::uint32_t* CPUATTN_RESTRICT kb, float qscale,
-                                             float* m, std::uint16_t* CPUATTN_RESTRICT pb,
+  template <int R, bool kFirst, class Src>
+  static CPUATTN_ALWAYS_INLINE bool ProbTile(const Src& src, float qscale, float* m,
+                                             std::uint16_t* CPUATTN_RESTRICT pb,
                                              std::int64_t pb_stride, float* CPUATTN_RESTRICT lsum,
                                              std::int64_t lsum_stride) {
     constexpr int C = W / N;
     static_assert(C % 2 == 0, "probabilities are rounded two vectors at a time");
     __m512 acc[R][C];
-    Dots<R>(q, qs2, dp2, kb, acc);
+    src.template Load<R, C>(acc);
     const __m512 vs = _mm512_set1_ps(qscale);
     if constexpr (kFirst) {
       // The max drops NaN lanes, so they are looked for apart.
@@ -302,15 +324,14 @@ struct Bf16Tile {
     return true;
   }
 
-  template <bool kFirst>
-  static bool ProbRows(int R, const std::uint32_t* q, std::int64_t qs2, std::int64_t dp2,
-                       const std::uint32_t* kb, float qscale, float* m, std::uint16_t* pb,
+  template <bool kFirst, class Src>
+  static bool ProbRows(int R, const Src& src, float qscale, float* m, std::uint16_t* pb,
                        std::int64_t pb_stride, float* lsum, std::int64_t lsum_stride) {
     switch (R) {
-#define CPUATTN_BF16_PROB_CASE(n)                                                               \
-  case n:                                                                                       \
-    if constexpr (n <= O::kScoreRows)                                                           \
-      return ProbTile<n, kFirst>(q, qs2, dp2, kb, qscale, m, pb, pb_stride, lsum, lsum_stride); \
+#define CPUATTN_BF16_PROB_CASE(n)                                                   \
+  case n:                                                                           \
+    if constexpr (n <= O::kScoreRows)                                               \
+      return ProbTile<n, kFirst>(src, qscale, m, pb, pb_stride, lsum, lsum_stride); \
     break;
       CPUATTN_BF16_PROB_CASE(1)
       CPUATTN_BF16_PROB_CASE(2)
@@ -339,13 +360,27 @@ struct Bf16Tile {
                         const std::uint32_t* kb, std::int64_t ncols, float qscale, float* m,
                         bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum,
                         std::int64_t lsum_stride, const Between& between) {
+    return ProbBlockFrom(
+        rows,
+        [&](int r0, std::int64_t c0) {
+          return PanelDots{qb + r0 * qs2, qs2, dp2, kb + (c0 / W) * dp2 * W};
+        },
+        ncols, qscale, m, first, pb, pb_stride, lsum, lsum_stride, between);
+  }
+
+  // ProbBlock with the tiles' raw dot products src_at(r0, c0) (rows from r0, keys from c0): a
+  // PanelDots or a SavedDots.
+  template <class SrcAt, class Between>
+  static bool ProbBlockFrom(int rows, const SrcAt& src_at, std::int64_t ncols, float qscale,
+                            float* m, bool first, std::uint16_t* pb, std::int64_t pb_stride,
+                            float* lsum, std::int64_t lsum_stride, const Between& between) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
     return LazyPanels<W, O::kScoreRows>(
         rows, ncols, first, m,
         [&](int r0, int R, std::int64_t c0, auto first_panel) {
-          return ProbRows<decltype(first_panel)::value>(
-              R, qb + r0 * qs2, qs2, dp2, kb + (c0 / W) * dp2 * W, qscale, m + r0,
-              pb + r0 * pb_stride + c0, pb_stride, lsum + r0 * lsum_stride, lsum_stride);
+          return ProbRows<decltype(first_panel)::value>(R, src_at(r0, c0), qscale, m + r0,
+                                                        pb + r0 * pb_stride + c0, pb_stride,
+                                                        lsum + r0 * lsum_stride, lsum_stride);
         },
         between);
   }
