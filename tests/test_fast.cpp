@@ -207,9 +207,9 @@ TEST(Determinism, BitwiseAcrossThreadCounts) {
   }
 }
 
-// The same for bf16 Q, K and V (on AVX512-BF16 the native tiles, whose clean blocks take scores
-// and softmax in one pass against the rows' max so far), with keys whose scores grow, so that
-// some blocks fall back to the two passes.
+// The same for bf16 Q, K and V (on AVX512-BF16 the native tiles, and on Intel's AMX-BF16 the AMX
+// tiles, whose clean blocks take scores and softmax in one pass against the rows' max so far),
+// with keys whose scores grow, so that some blocks fall back to the two passes.
 TEST(Determinism, Bf16BitwiseAcrossThreadCounts) {
   const std::int64_t B = 2, H = 8, Hkv = 2, Lq = 300, Lk = 900, D = 64;
   const auto bits = [](std::int64_t n, std::uint32_t seed, bool ramp) {

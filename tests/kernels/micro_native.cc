@@ -23,71 +23,75 @@ T* aligned(std::vector<float>& buf, std::size_t n) {
                               (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / 4);
 }
 
+using Tile = Bf16Tile<Ops>;
+
+// Q rows and the K panels of keys [0, nk) packed as the tiled units read them (Qb, Kb).
+struct PackedQK {
+  std::int64_t dp2, ncols;
+  std::vector<float> qb_buf, kb_buf;
+  const std::uint32_t *qb, *kb;
+  PackedQK(const detail::Problem& p, int rows, std::int64_t nk)
+      : dp2((p.D + 1) / 2), ncols((nk + Tile::W - 1) / Tile::W * Tile::W) {
+    auto* q = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
+    auto* k = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(ncols * dp2));
+    Tile::PackQ(p, 0, 0, rows, 0, rows, dp2, q);
+    Tile::PackK(p, 0, 0, 0, nk, k);
+    qb = reinterpret_cast<const std::uint32_t*>(q);
+    kb = k;
+  }
+};
+
+// The V chunks of keys [0, nk) packed (Vb) and the P rows rounded to bf16 (Pb, p_stride apart).
+struct PackedPV {
+  std::vector<float> vb_buf, pb_buf;
+  const std::uint32_t* vb;
+  const std::uint16_t* pb;
+  PackedPV(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
+           std::int64_t p_stride) {
+    const std::int64_t dvp = (p.Dv + 15) / 16 * 16, ncols = (nk + Tile::W - 1) / Tile::W * Tile::W;
+    auto* v = aligned<std::uint32_t>(vb_buf, static_cast<std::size_t>((nk + 1) / 2 * dvp));
+    auto* b = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
+    Tile::PackV(p, dvp, 0, 0, 0, nk, v);
+    for (int r = 0; r < rows; ++r) Tile::RoundRow(pr + r * p_stride, ncols, b + r * p_stride);
+    vb = v;
+    pb = b;
+  }
+};
+
 void TileScores(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* s,
                 std::int64_t s_stride) {
-  using T = Bf16Tile<Ops>;
-  const std::int64_t dp2 = (p.D + 1) / 2, ncols = (nk + T::W - 1) / T::W * T::W;
-  std::vector<float> qb_buf, kb_buf;
-  auto* qb = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
-  auto* kb = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(ncols * dp2));
-  T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
-  T::PackK(p, 0, 0, 0, nk, kb);
+  const PackedQK in(p, rows, nk);
   std::vector<RowMask> rm(static_cast<std::size_t>(rows),
                           RowMask{0, static_cast<std::int32_t>(nk), 0, 0.0f, nullptr});
   const MaskInfo mi{detail::MaskKind::none, 0};
-  T::ScoreBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, ncols, 0, nk,
-                qscale, s, s_stride, rm.data(), mi, [] {});
+  Tile::ScoreBlock(rows, in.qb, in.dp2, in.dp2, in.kb, in.ncols, 0, nk, qscale, s, s_stride,
+                   rm.data(), mi, [] {});
 }
 
 bool TileProbs(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* m,
                bool first, std::uint16_t* pb, std::int64_t pb_stride, float* lsum) {
-  using T = Bf16Tile<Ops>;
-  const std::int64_t dp2 = (p.D + 1) / 2;
-  std::vector<float> qb_buf, kb_buf;
-  auto* qb = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
-  auto* kb = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(nk * dp2));
-  T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
-  T::PackK(p, 0, 0, 0, nk, kb);
-  return T::ProbBlock(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, nk, qscale, m,
-                      first, pb, pb_stride, lsum, 16, [] {});
+  const PackedQK in(p, rows, nk);
+  return Tile::ProbBlock(rows, in.qb, in.dp2, in.dp2, in.kb, nk, qscale, m, first, pb, pb_stride,
+                         lsum, 16, [] {});
 }
 
 void TilePv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
             std::int64_t p_stride, float* acc, std::int64_t acc_stride) {
-  using T = Bf16Tile<Ops>;
-  const std::int64_t dvp = (p.Dv + 15) / 16 * 16, ncols = (nk + T::W - 1) / T::W * T::W;
-  std::vector<float> vb_buf, pb_buf;
-  auto* vb = aligned<std::uint32_t>(vb_buf, static_cast<std::size_t>((nk + 1) / 2 * dvp));
-  auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
-  T::PackV(p, dvp, 0, 0, 0, nk, vb);
-  for (int r = 0; r < rows; ++r) T::RoundRow(pr + r * p_stride, ncols, pb + r * p_stride);
-  T::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride, [] {});
+  const PackedPV in(p, rows, nk, pr, p_stride);
+  Tile::PvBlock(rows, in.pb, p_stride, in.vb, nk, nk, acc, acc_stride, [] {});
 }
 
 void AmxScores(const detail::Problem& p, int rows, std::int64_t nk, float qscale, float* s,
                std::int64_t s_stride) {
-  using T = Bf16Tile<Ops>;
-  const std::int64_t dp2 = (p.D + 1) / 2, ncols = (nk + T::W - 1) / T::W * T::W;
-  std::vector<float> qb_buf, kb_buf;
-  auto* qb = aligned<std::uint16_t>(qb_buf, static_cast<std::size_t>(rows * dp2 * 2));
-  auto* kb = aligned<std::uint32_t>(kb_buf, static_cast<std::size_t>(ncols * dp2));
-  T::PackQ(p, 0, 0, rows, 0, rows, dp2, qb);
-  T::PackK(p, 0, 0, 0, nk, kb);
-  Bf16Amx<Ops>::Scores(rows, reinterpret_cast<const std::uint32_t*>(qb), dp2, dp2, kb, ncols, s,
-                       s_stride, [] {});
-  Bf16Amx<Ops>::ScaleRows(rows, s, s_stride, ncols, qscale);
+  const PackedQK in(p, rows, nk);
+  Bf16Amx<Ops>::Scores(rows, in.qb, in.dp2, in.dp2, in.kb, in.ncols, s, s_stride, [] {});
+  Bf16Amx<Ops>::ScaleRows(rows, s, s_stride, in.ncols, qscale);
 }
 
 void AmxPv(const detail::Problem& p, int rows, std::int64_t nk, const float* pr,
            std::int64_t p_stride, float* acc, std::int64_t acc_stride) {
-  using T = Bf16Tile<Ops>;
-  const std::int64_t dvp = (p.Dv + 15) / 16 * 16, ncols = (nk + T::W - 1) / T::W * T::W;
-  std::vector<float> vb_buf, pb_buf;
-  auto* vb = aligned<std::uint32_t>(vb_buf, static_cast<std::size_t>((nk + 1) / 2 * dvp));
-  auto* pb = aligned<std::uint16_t>(pb_buf, static_cast<std::size_t>(rows * p_stride));
-  T::PackV(p, dvp, 0, 0, 0, nk, vb);
-  for (int r = 0; r < rows; ++r) T::RoundRow(pr + r * p_stride, ncols, pb + r * p_stride);
-  Bf16Amx<Ops>::PvBlock(rows, pb, p_stride, vb, nk, nk, acc, acc_stride, [] {});
+  const PackedPV in(p, rows, nk, pr, p_stride);
+  Bf16Amx<Ops>::PvBlock(rows, in.pb, p_stride, in.vb, nk, nk, acc, acc_stride, [] {});
 }
 
 void HiloScores(int rows, float* qp, std::int64_t qs, const detail::Problem& p, std::int64_t nk,

@@ -37,7 +37,9 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// GCC names the AMX flags' macros __AMX_TILE__ and __AMX_BF16__, clang __AMXTILE__ and __AMXBF16__.
+#if defined(__AVX512BF16__) && (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
+    (defined(__AMX_BF16__) || defined(__AMXBF16__))
 
 template <class O>
 struct Bf16Amx {
@@ -52,7 +54,7 @@ struct Bf16Amx {
   // Two row groups of up to 16 rows each (m1, m2; m2 may be 0), each with two accumulator tiles
   // of 16 columns (C: 0, 1 for the first group, 2, 3 for the second), an A tile per group (4, 5)
   // and two B tiles (6, 7) shared by both: four products per four tile loads.
-  struct alignas(64) TileConfig {
+  struct TileConfig {
     std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
     std::uint16_t colsb[16] = {};
     std::uint8_t rows[16] = {};
@@ -65,7 +67,7 @@ struct Bf16Amx {
   }
 
   static CPUATTN_ALWAYS_INLINE void Configure(int m1, int m2) {
-    TileConfig c;
+    TileConfig c;  // ldtilecfg reads 64 bytes, at any alignment
     const int m[8] = {m1, m1, m2, m2, m1, m2, kStep, kStep};
     for (int t = 0; t < 8; ++t) {
       c.rows[t] = static_cast<std::uint8_t>(m[t]);
@@ -208,7 +210,7 @@ struct Bf16Amx {
   }
 };
 
-#endif  // __AVX512BF16__ && __AMX_TILE__ && __AMX_BF16__
+#endif  // __AVX512BF16__ and AMX-TILE and AMX-BF16
 
 CPUATTN_NAMESPACE_END
 
