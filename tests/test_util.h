@@ -107,7 +107,9 @@ inline std::vector<Backend> machine_backends() {
 
 // Every (provider, target) of the machine, plus the native bf16 and VNNI units where the CPU has
 // them (the avx512 entries then run the portable paths: the cap), plus `best` where it runs what
-// no cap names: bf16 tiles on AMX (active_bf16_path() "amx_bf16").
+// no cap names: bf16 tiles on AMX (active_bf16_path() "amx_bf16"). Highway's alone: the AMX units
+// are the native unit's, the same under either provider, and the rest of `best` is the
+// avx512_bf16 entries' (a sanitizer build's suite is long already).
 inline std::vector<Backend> native_and_machine_backends() {
   std::vector<Backend> bs = machine_backends();
   if (machine_runs(Target::avx512_bf16)) {
@@ -118,7 +120,6 @@ inline std::vector<Backend> native_and_machine_backends() {
   best.set_max_target(Target::best);
   if (std::string(active_bf16_path(&best)) == "amx_bf16") {
     bs.insert(bs.begin(), Backend{Simd::highway, Target::best});
-    bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::best});
   }
   return bs;
 }
