@@ -25,6 +25,17 @@ namespace x86 {
 
 CPUATTN_ALWAYS_INLINE void StreamFence() { _mm_sfence(); }
 
+// r, held in a register from here on: an empty asm that takes the register and gives it back. GCC
+// 12 folds a vector load that feeds several FMAs into each of them as a memory operand, so a
+// value read once in the source is read once per use (the Q rows of DotKeys' side-by-side keys:
+// 2R + 2 loads for 2R FMAs where R + 2 were written, more than the two 256-bit loads a cycle AMD
+// and Intel cores serve beside two FMA pipes: docs/performance.md#dm-q-in-register).
+template <class Raw>
+CPUATTN_ALWAYS_INLINE Raw InRegister(Raw r) {
+  asm("" : "+x"(r));
+  return r;
+}
+
 #if CPUATTN_SIMD_BITS == 512
 // 16 x 16 floats: 32-bit and 64-bit unpacks within 128-bit blocks, then two rounds of 128-bit
 // block shuffles (48 shuffles where a lane-by-lane transpose costs a store per element).
