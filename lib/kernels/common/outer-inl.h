@@ -14,8 +14,23 @@
 
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
+#if CPUATTN_SIMD_BITS > 0
+#include "simd/x86/x86-inl.h"
+#endif
 
 CPUATTN_NAMESPACE_BEGIN
+
+// v, held in a register from here on, for an operand that several FMAs take: on x86, GCC 12 folds
+// such a load into each FMA as a memory operand and reads it once per use (x86::InRegister,
+// docs/performance.md#dm-q-in-register); elsewhere no FMA takes a memory operand.
+template <class O>
+CPUATTN_ALWAYS_INLINE typename O::V InRegister(typename O::V v) {
+#if CPUATTN_SIMD_BITS > 0
+  return O::FromRaw(x86::InRegister(O::ToRaw(v)));
+#else
+  return v;
+#endif
+}
 
 // The operand order of one k step beside R x C vector accumulators (OuterStep, GemvStep): the
 // smaller operand set stays live. True: R broadcasts of A held and one vector of B at a time;
@@ -51,13 +66,18 @@ CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64
     for (int r = 0; r < R; ++r) av[r] = O::Set(a[r * a_r]);
     CPUATTN_UNROLL(32)
     for (int j = 0; j < C; ++j) {
-      const V bv = Order::template One<O, TB>(b, j);
+      V bv = Order::template One<O, TB>(b, j);
+      if constexpr (R > 1) bv = InRegister<O>(bv);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) acc[r][j] = O::MulAdd(av[r], bv, acc[r][j]);
     }
   } else {
     V bv[C];
     Order::template Row<O, TB, C>(b, bv);
+    if constexpr (R > 1) {
+      CPUATTN_UNROLL(32)
+      for (int j = 0; j < C; ++j) bv[j] = InRegister<O>(bv[j]);
+    }
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
       const V av = O::Set(a[r * a_r]);

@@ -14,6 +14,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "kernels/common/outer-inl.h"
 #include "kernels/flash/fp8_lo-inl.h"
 #include "kernels/flash/key_ahead.h"
 #include "simd/prefetch.h"
@@ -68,8 +69,7 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
       for (int g = 0; g < G; ++g) kv[g] = LoadWide<O>(k[g] + d);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
-        // One load of the Q vector for the G keys (x86::InRegister: GCC would fold it into each).
-        const typename O::V qv = O::FromRaw(x86::InRegister(O::ToRaw(O::Load(qd + r * dp + d))));
+        const typename O::V qv = InRegister<O>(O::Load(qd + r * dp + d));  // one load, G FMAs
         CPUATTN_UNROLL(4)
         for (int g = 0; g < G; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
       }

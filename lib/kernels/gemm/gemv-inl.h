@@ -77,13 +77,18 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) {
-        const V bv = PanelOrder::One<O, TB>(row, j);
+        V bv = PanelOrder::One<O, TB>(row, j);
+        if constexpr (R > 1) bv = InRegister<O>(bv);
         CPUATTN_UNROLL(16)
         for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);
       }
     } else {
       V bv[C];
       PanelOrder::Row<O, TB, C>(row, bv);
+      if constexpr (R > 1) {
+        CPUATTN_UNROLL(32)
+        for (int j = 0; j < C; ++j) bv[j] = InRegister<O>(bv[j]);
+      }
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) {
         const V av = O::Set(a[r][k]);
