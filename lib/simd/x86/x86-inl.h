@@ -25,14 +25,15 @@ namespace x86 {
 
 CPUATTN_ALWAYS_INLINE void StreamFence() { _mm_sfence(); }
 
-// r, held in a register from here on: an empty asm that takes the register and gives it back. GCC
-// 12 folds a vector load that feeds several FMAs into each of them as a memory operand, so a
+// r, held in a register from here on: an empty asm that takes the register and gives it back
+// ("v": any of AVX-512's 32, so a tile's register allocation is not narrowed to the first 16).
+// GCC 12 folds a vector load that feeds several FMAs into each of them as a memory operand, so a
 // value read once in the source is read once per use (the Q rows of DotKeys' side-by-side keys:
 // 2R + 2 loads for 2R FMAs where R + 2 were written, more than the two 256-bit loads a cycle AMD
 // and Intel cores serve beside two FMA pipes: docs/performance.md#dm-q-in-register).
 template <class Raw>
 CPUATTN_ALWAYS_INLINE Raw InRegister(Raw r) {
-  asm("" : "+x"(r));
+  asm("" : "+v"(r));
   return r;
 }
 
