@@ -12,6 +12,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "api/context_impl.h"
 #include "core/problem.h"
 #include "core/scratch.h"
@@ -74,6 +78,28 @@ double best_gflops(int threads, Probe&& probe) {
   return best;
 }
 
+// The read probe's buffer: whole 2 MiB pages, advised MADV_HUGEPAGE (Linux), so that where the
+// kernel grants transparent huge pages (its usual mode, "madvise", gives them only to memory that
+// asks) the probe streams without a TLB miss every 4 KiB, which in a virtual machine is a
+// two-level page walk, and its first touch takes 512 page faults per GiB instead of 262,144.
+// The probe is the ceiling of one stream per thread (docs/performance.md#dm-huge-pages).
+struct ProbeBuffer {
+  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  explicit ProbeBuffer(std::size_t bytes)
+      : size((bytes + kHugePage - 1) / kHugePage * kHugePage),
+        p(static_cast<float*>(std::aligned_alloc(kHugePage, size))) {
+    if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, size, MADV_HUGEPAGE);  // advice: with THP "never" it changes nothing
+#endif
+  }
+  ~ProbeBuffer() { std::free(p); }
+  ProbeBuffer(const ProbeBuffer&) = delete;
+  ProbeBuffer& operator=(const ProbeBuffer&) = delete;
+  const std::size_t size;  // whole huge pages
+  float* const p;
+};
+
 }  // namespace
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
@@ -96,19 +122,17 @@ double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context
   check_threads(threads);
   const detail::ProbeKernels& ki = kernels(context);
   const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / 1024 * 1024, 1024);
-  std::unique_ptr<float, decltype(&std::free)> buf(
-      static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
-  if (!buf) throw std::bad_alloc();
+  const ProbeBuffer buf(n * sizeof(float));
   const std::size_t per = n / threads / 64 * 64;
   // First touch by the threads that will read, so pages are mapped before timing.
   run_concurrently(threads,
-                   [&](int t) { std::fill(buf.get() + t * per, buf.get() + (t + 1) * per, 1.0f); });
+                   [&](int t) { std::fill(buf.p + t * per, buf.p + (t + 1) * per, 1.0f); });
   double best = 0;
   volatile float sink = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<float> sums(static_cast<std::size_t>(threads));
     const double s =
-        run_concurrently(threads, [&](int t) { sums[t] = ki.read(buf.get() + t * per, per); });
+        run_concurrently(threads, [&](int t) { sums[t] = ki.read(buf.p + t * per, per); });
     for (float x : sums) sink = sink + x;
     best = std::max(best, double(per) * threads * sizeof(float) / s * 1e-9);
   }
