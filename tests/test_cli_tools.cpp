@@ -74,8 +74,10 @@ TEST_F(Cli, ProfileReportsPhasesThreadsRooflineAndCounters) {
       << j.out;
   EXPECT_EQ(r["target"], cpuattn::target_name(cpuattn::active_target()));
 
-  const Result t = run("profile --shape D1 --threads 1 --repeat 1");
+  const Result t = run("profile --shape D1 --kv-dtype int8 --threads 1 --repeat 1");
   ASSERT_EQ(t.exit_code, 0) << t.err;
+  // The header names the call's element types (it said f32 whatever they were).
+  EXPECT_NE(t.out.find("Q f32, K/V int8, out f32"), std::string::npos) << t.out;
   for (const char* s : {"Phases", "Threads", "Roofline", "Counters", "scores", "pv", "bound"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << " in\n" << t.out;
   EXPECT_TRUE(t.out.find("IPC") != std::string::npos ||

@@ -145,9 +145,11 @@ Json profile_json(const Options& o, const Case& c, const Summary& s, const Ceili
 void print_phases(const Options& o, const Case& c, const Summary& s) {
   const CallProfile& m = *s.m;
   const Machine& mach = this_machine();
-  std::printf("cpuattn profile: %s %s (%s), mask %s, f32, target %s, simd %s, %d thread%s\n",
-              c.name.c_str(), c.dims.c_str(), m.op.c_str(), m.mask.c_str(), target_name(m.target),
-              simd_name(m.simd), m.threads, m.threads > 1 ? "s" : "");
+  std::printf(
+      "cpuattn profile: %s %s (%s), mask %s, Q %s, K/V %s, out %s, target %s, simd %s, "
+      "%d thread%s\n",
+      c.name.c_str(), c.dims.c_str(), m.op.c_str(), m.mask.c_str(), m.dtype.c_str(), m.kv.c_str(),
+      m.out.c_str(), target_name(m.target), simd_name(m.simd), m.threads, m.threads > 1 ? "s" : "");
   std::printf("machine: %s, %d logical CPUs, L1d %lld KiB, L2 %lld KiB; cpuattn %s (%s)\n",
               mach.cpu.c_str(), mach.logical_cpus, static_cast<long long>(mach.l1d_bytes / 1024),
               static_cast<long long>(mach.l2_bytes / 1024), mach.version.c_str(),
