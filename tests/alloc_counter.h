@@ -1,7 +1,9 @@
 // Counts global operator new calls, for the tests that prove a steady-state call allocates
 // nothing. A test executable gets the counter by linking alloc_counter.cpp (cpuattn_alloc_counter()
-// in tests/CMakeLists.txt), which replaces the global operator new. ThreadSanitizer's runtime
-// defines operator new itself, so under it nothing is replaced and the counting tests skip.
+// in tests/CMakeLists.txt), which replaces the global operator new, plain and aligned: the
+// kernels' scratch buffers come from the aligned one (core/scratch.h), the rest from the plain
+// one. ThreadSanitizer's runtime defines operator new itself, so under it nothing is replaced and
+// the counting tests skip.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,17 +13,23 @@ namespace cpuattn::test {
 // Whether operator new is counted in this build (false under ThreadSanitizer).
 bool alloc_counter_active();
 void set_alloc_counting(bool on);
-long alloc_count();
+long alloc_count();          // plain operator new calls
+long aligned_alloc_count();  // aligned (std::align_val_t) operator new calls
+
+struct Allocations {
+  long plain = 0, aligned = 0;
+  long all() const { return plain + aligned; }
+};
 
 // operator new calls while f runs.
 template <class F>
-long allocations_during(F&& f) {
+Allocations allocations_during(F&& f) {
   set_alloc_counting(false);
-  const long before = alloc_count();
+  const Allocations before{alloc_count(), aligned_alloc_count()};
   set_alloc_counting(true);
   f();
   set_alloc_counting(false);
-  return alloc_count() - before;
+  return {alloc_count() - before.plain, aligned_alloc_count() - before.aligned};
 }
 
 }  // namespace cpuattn::test

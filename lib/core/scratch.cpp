@@ -11,7 +11,7 @@ float* Scratch::grow(std::size_t floats) {
   const std::size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
   // The old buffer goes first (no point keeping both); a failed allocation leaves it empty, never
   // with a capacity and no memory.
-  buf_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  buf_.reset(static_cast<float*>(::operator new(bytes, kAlign, std::nothrow)));
   capacity_ = 0;
   if (!buf_) throw std::bad_alloc();
   capacity_ = bytes / sizeof(float);
