@@ -19,6 +19,11 @@ long aligned_alloc_count();  // aligned (std::align_val_t) operator new calls
 struct Allocations {
   long plain = 0, aligned = 0;
   long all() const { return plain + aligned; }
+  // What a steady-state call on `threads` threads may not allocate. One thread runs every task
+  // itself, so after warm-up calls nothing, scratch (aligned) included. With more, which thread
+  // first runs a task of a size is oneTBB's choice, and that task grows the thread's scratch
+  // (docs/guarantees.md#memory): there only the plain operator new counts.
+  long steady_state(int threads) const { return threads == 1 ? all() : plain; }
 };
 
 // operator new calls while f runs.

@@ -52,12 +52,6 @@ std::vector<float> random_rows(std::int64_t n, std::uint32_t seed) {
   return x;
 }
 
-// What a steady-state step may not allocate. With one thread the caller runs every task, so the
-// prompt and the warm-up steps have grown its scratch (the aligned allocations) for good. With two,
-// which thread runs which task is oneTBB's choice, and a thread's first task of a size grows its
-// scratch (docs/guarantees.md): there only the plain operator new is counted.
-long counted(const test::Allocations& a, int threads) { return threads == 1 ? a.all() : a.plain; }
-
 TEST(DecodeAllocations, ContiguousCacheStepAllocatesNothing) {
   CPUATTN_SKIP_WITHOUT_ALLOC_COUNTER();
   for (int threads : {1, 2}) {
@@ -77,7 +71,7 @@ TEST(DecodeAllocations, ContiguousCacheStepAllocatesNothing) {
       const test::Allocations news = test::allocations_during([&] {
         for (int s = 0; s < 10; ++s) l.mha.decode(xs, cache, os, {}, &ctx);
       });
-      EXPECT_EQ(counted(news, threads), 0)
+      EXPECT_EQ(news.steady_state(threads), 0)
           << threads << " threads, " << (kv == DType::bf16 ? "bf16" : "f32")
           << " cache: operator new calls in 10 decode steps (" << news.plain << " plain, "
           << news.aligned << " aligned)";
@@ -121,7 +115,7 @@ TEST(DecodeAllocations, PagedCacheStepAllocatesNothing) {
     const test::Allocations news = test::allocations_during([&] {
       for (int s = 0; s < 10; ++s) l.mha.decode(xs, cache, seqs, os, {}, &ctx);
     });
-    EXPECT_EQ(counted(news, threads), 0)
+    EXPECT_EQ(news.steady_state(threads), 0)
         << threads << " threads: operator new calls in 10 paged decode steps (" << news.plain
         << " plain, " << news.aligned << " aligned)";
     EXPECT_EQ(cache.length(seqs[0]), prompt + 13);
