@@ -187,6 +187,19 @@ TEST_P(FastPath, UnfusedBaselineMatchesReference) {
   }
 }
 
+// The read probe keeps its buffer from call to call and grows it when a call asks for more; a
+// call with more threads or fewer bytes reads inside it (the sanitizer builds see any read past
+// it).
+TEST(Probes, ReadProbeKeepsAndGrowsItsBuffer) {
+  for (const auto& [threads, bytes] :
+       {std::pair{1, std::size_t{1} << 20}, std::pair{2, std::size_t{3} << 20},
+        std::pair{1, std::size_t{3} << 20}, std::pair{2, std::size_t{1} << 19}}) {
+    const double gbps = measure_read_bandwidth_gbps(threads, bytes);
+    EXPECT_TRUE(std::isfinite(gbps) && gbps > 0)
+        << threads << " threads, " << bytes << " bytes: " << gbps;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FastPath, ::testing::ValuesIn(machine_backends()),
                          [](const auto& info) { return info.param.name(); });
 

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,6 +101,26 @@ struct ProbeBuffer {
   float* const p;
 };
 
+// The read probe's buffer is kept from call to call (a bench run reads it for every target and
+// thread count, before and after the cases): its first touch, not the reads, was most of a short
+// run's time, since zeroing each new page is slow in a virtual machine whose host also backs the
+// page on first touch (docs/performance.md#dm-probe-buffer). It grows when a call asks for more.
+std::mutex probe_buffer_mutex;
+std::unique_ptr<ProbeBuffer> probe_buffer_kept;
+
+// A buffer of at least n floats, every page mapped; a new one is first touched by the `threads`
+// threads that will read it, `per` floats each, so each page sits where its reader runs.
+const float* probe_buffer(std::size_t n, int threads, std::size_t per) {
+  if (!probe_buffer_kept || probe_buffer_kept->size < n * sizeof(float)) {
+    probe_buffer_kept.reset();  // the old one goes first: two 1 GiB buffers at once are not needed
+    probe_buffer_kept = std::make_unique<ProbeBuffer>(n * sizeof(float));
+    float* const p = probe_buffer_kept->p;
+    run_concurrently(threads, [&](int t) { std::fill(p + t * per, p + (t + 1) * per, 1.0f); });
+    std::fill(p + threads * per, p + probe_buffer_kept->size / sizeof(float), 1.0f);
+  }
+  return probe_buffer_kept->p;
+}
+
 }  // namespace
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
@@ -121,17 +143,15 @@ double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context
   check_threads(threads);
   const detail::ProbeKernels& ki = kernels(context);
   const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / 1024 * 1024, 1024);
-  const ProbeBuffer buf(n * sizeof(float));
   const std::size_t per = n / threads / 64 * 64;
-  // First touch by the threads that will read, so pages are mapped before timing.
-  run_concurrently(threads,
-                   [&](int t) { std::fill(buf.p + t * per, buf.p + (t + 1) * per, 1.0f); });
+  const std::lock_guard<std::mutex> lock(probe_buffer_mutex);
+  const float* const data = probe_buffer(n, threads, per);
   double best = 0;
   volatile float sink = 0;
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<float> sums(static_cast<std::size_t>(threads));
     const double s =
-        run_concurrently(threads, [&](int t) { sums[t] = ki.read(buf.p + t * per, per); });
+        run_concurrently(threads, [&](int t) { sums[t] = ki.read(data + t * per, per); });
     for (float x : sums) sink = sink + x;
     best = std::max(best, double(per) * threads * sizeof(float) / s * 1e-9);
   }

@@ -21,7 +21,8 @@ double measure_tile_gflops(int threads, const Context* context = nullptr);
 
 // Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
 // memory (default 1 GiB, far larger than any cache here), on transparent huge pages where the
-// kernel grants them.
+// kernel grants them. The buffer stays allocated for the next call, for the rest of the process
+// (its first touch costs more than the reads); calls are serialised.
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes = std::size_t{1} << 30,
                                    const Context* context = nullptr);
 
