@@ -181,6 +181,27 @@ TEST_F(Cli, BenchColdFlushesTwiceTheLastLevelCache) {
   EXPECT_FALSE(json_lines(warm.out).at(0).contains("cold_mib")) << warm.out;
 }
 
+// --tweak times plan variants in turns: one record per tweak, each naming its tweak; an unknown
+// name is refused, naming the option; a run without the flag carries no tweak field.
+TEST_F(Cli, BenchTimesPlanTweaksInTurns) {
+  const Result r =
+      run("bench --shape 1,2,64,64,16 --threads 1 --repeat 2 --json --tweak none,stream_out");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Json> recs = json_lines(r.out);
+  ASSERT_EQ(recs.size(), 2u) << r.out;
+  EXPECT_EQ(recs[0].at("tweak"), "none");
+  EXPECT_EQ(recs[1].at("tweak"), "stream_out");
+  const Result table = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 1 --tweak no_kv_ahead");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("no_kv_ahead"), std::string::npos) << table.out;
+  const Result bad = run("bench --shape 1,2,64,64,16 --tweak faster");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--tweak"), std::string::npos) << bad.err;
+  const Result plain = run("bench --shape 1,2,64,64,16 --threads 1 --repeat 1 --json");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_FALSE(json_lines(plain.out).at(0).contains("tweak")) << plain.out;
+}
+
 // CPUATTN_TRACE in any program: the file is written at exit.
 TEST_F(Cli, TraceEnvWritesTheTraceAtExit) {
   ::setenv("CPUATTN_TRACE", path("env_trace.json").c_str(), 1);

@@ -1,7 +1,8 @@
 // The fused fast path against the double-precision reference, on every SIMD target this machine
 // supports: odd and tail sizes, both memory layouts, misaligned pointers, every mask kind and
 // their combinations, GQA ratios; plus determinism across thread counts, concurrent callers,
-// allocation-free steady state, and the stated error of the vector exp2.
+// allocation-free steady state, plan tweaks that leave results bitwise equal, and the stated
+// error of the vector exp2.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,8 +10,10 @@
 
 #include "alloc_counter.h"
 #include "attention_cases.h"
+#include "cpuattn/profile.h"
 #include "probes.h"
 #include "test_util.h"
+#include "tweaks.h"
 
 namespace cpuattn::test {
 namespace {
@@ -198,6 +201,42 @@ TEST(Probes, ReadProbeKeepsAndGrowsItsBuffer) {
     EXPECT_TRUE(std::isfinite(gbps) && gbps > 0)
         << threads << " threads, " << bytes << " bytes: " << gbps;
   }
+}
+
+// A plan tweak (bench/support/tweaks.h) changes how a call runs, never its result: every tweak's
+// output is bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and ragged
+// rows; and the tweak reaches the plan (stream_out shows in the call's path).
+TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
+  for (Case c : {Case{2, 4, 2, 70, 150, 64, 64}, Case{1, 3, 1, 33, 70, 17, 19},
+                 Case{2, 8, 2, 1, 300, 32, 32}}) {
+    Inputs in(c);
+    Tensor4 want(c.B, c.H, c.Lq, c.Dv);
+    Context ctx(2);
+    GetParam().apply(ctx);
+    attention(in.q.view(), in.k.view(), in.v.view(), want.out_view(), in.opts, &ctx);
+    for (const std::string& name : plan_tweak_names()) {
+      Tensor4 got(c.B, c.H, c.Lq, c.Dv);
+      set_plan_tweak(ctx, name);
+      std::vector<CallProfile> calls;
+      {
+        ProfileSession session;
+        attention(in.q.view(), in.k.view(), in.v.view(), got.out_view(), in.opts, &ctx);
+        calls = session.take();
+      }
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.buf.size() * sizeof(float)), 0)
+          << c.str() << ", tweak " << name;
+      ASSERT_EQ(calls.size(), 1u);
+      const std::string line = verbose_line(calls[0], 1);
+      if (name == "stream_out" && c.Lq > 1) {
+        EXPECT_NE(line.find("/f32_stream"), std::string::npos) << line;
+      } else if (name == "none") {
+        EXPECT_EQ(line.find("/f32_stream"), std::string::npos) << line;
+      }
+    }
+    set_plan_tweak(ctx, "none");
+  }
+  Context ctx;
+  EXPECT_THROW(set_plan_tweak(ctx, "faster"), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FastPath, ::testing::ValuesIn(machine_backends()),

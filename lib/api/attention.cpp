@@ -60,8 +60,14 @@ struct PlanSet {
   std::size_t n;
 };
 
-PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, Scratch& call) {
+PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, void (*tweak)(Plan&),
+                 Scratch& call) {
   static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
+  const auto plan_of = [&](const Problem& p) {
+    Plan pl = plan_flash(p, choice);
+    if (tweak != nullptr) tweak(pl);
+    return pl;
+  };
   const auto floats_of = [](std::size_t bytes) { return (bytes + 63) / 64 * 16; };
   const std::size_t plan_floats = floats_of(n * sizeof(Plan));
   const std::size_t first_floats = floats_of((n + 1) * sizeof(std::int64_t));
@@ -71,14 +77,14 @@ PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, Scratch
                : 0;
   };
   std::size_t partials = 0;
-  for (std::size_t i = 0; i < n; ++i) partials += partial_floats(plan_flash(ps[i], choice), ps[i]);
+  for (std::size_t i = 0; i < n; ++i) partials += partial_floats(plan_of(ps[i]), ps[i]);
   float* base = call.get(plan_floats + first_floats + partials);
   PlanSet set{reinterpret_cast<Plan*>(base), reinterpret_cast<std::int64_t*>(base + plan_floats),
               n};
   float* next_partial = base + plan_floats + first_floats;
   set.first[0] = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    Plan* pl = new (set.plans + i) Plan(plan_flash(ps[i], choice));
+    Plan* pl = new (set.plans + i) Plan(plan_of(ps[i]));
     set.first[i + 1] = set.first[i] + pl->tasks;
     if (pl->k_splits > 1) {
       pl->partials = next_partial;
@@ -113,7 +119,7 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   const Choice& choice = choose(&ctx);
   Scratch& call = c.call_scratch_now();
   const Context::Impl::Lease call_lease{c, call};
-  const PlanSet set = plan_set(ps, n, choice, call);
+  const PlanSet set = plan_set(ps, n, choice, c.plan_tweak.load(std::memory_order_relaxed), call);
   if (rec != nullptr) record_set(ps, set, *rec);
   const FlashKernels& portable = flash_kernels(choice);
 #if CPUATTN_HAS_NATIVE_BF16_UNIT

@@ -14,6 +14,9 @@
 #include "cpuattn/cpuattn.h"
 
 namespace cpuattn {
+namespace detail {
+struct Plan;
+}  // namespace detail
 
 struct Context::Impl {
   int num_threads = 0;
@@ -31,6 +34,11 @@ struct Context::Impl {
 
   // A thread keeps at most this many bytes in each of its scratch buffers between uses.
   std::atomic<std::size_t> scratch_limit{SIZE_MAX};
+
+  // Benchmarks only (bench/support/tweaks.h): a change applied to every flash plan this context
+  // makes, right after plan_flash(), so that `cpuattn bench --tweak` can time a variant of the
+  // plan against the shipped one call by call on the same inputs. Null in every other use.
+  std::atomic<void (*)(detail::Plan&)> plan_tweak{nullptr};
 
   // Called by the thread that owns `s` when it is done with it for now: frees it if it is above
   // the limit. Only the owner touches its buffer, so this needs no lock.

@@ -25,6 +25,7 @@
 #include "cpuattn/cpuattn.h"
 #include "machine.h"
 #include "probes.h"
+#include "tweaks.h"
 
 namespace cpuattn::cli {
 namespace {
@@ -37,7 +38,8 @@ struct Options {
   std::vector<int> threads = {1, 2};
   bool threads_given = false;
   std::vector<std::string> targets = {"best"};
-  std::vector<std::string> simd;  // empty: the default context's provider (CPUATTN_SIMD)
+  std::vector<std::string> simd;    // empty: the default context's provider (CPUATTN_SIMD)
+  std::vector<std::string> tweaks;  // plan tweaks (bench/support/tweaks.h); empty: none
   int repeat = 7;
   bool repeat_given = false;
   std::string sweep;  // "", threads, seq, batch
@@ -63,6 +65,7 @@ struct Point {
 struct Variant {
   Target cap;
   Simd simd;
+  std::string tweak = "none";
 };
 
 // A dtype pair: Q and out in `q`, K and V in `kv`; and the score variant of the case.
@@ -155,7 +158,12 @@ struct Probes {
   std::map<std::pair<int, int>, double> peak, tile, bw;
   void measure(const std::vector<Variant>& variants, const std::vector<int>& threads) {
     for (int t : threads) {
-      for (const Variant& v : variants) {
+      for (std::size_t i = 0; i < variants.size(); ++i) {
+        const Variant& v = variants[i];
+        const auto same_probe = [&](const Variant& u) {
+          return u.cap == v.cap && u.simd == v.simd;
+        };
+        if (std::any_of(variants.begin(), variants.begin() + i, same_probe)) continue;
         Context ctx(t);
         ctx.set_max_target(v.cap);
         ctx.set_simd(v.simd);
@@ -277,6 +285,7 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
               "target", "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw",
               "limit_ms", "bound", "%limit");
   if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
+  if (!o.tweaks.empty()) std::printf(" %-11s", "tweak");
   std::printf("\n");
   for (const Json& r : recs) {
     const std::string name = r["shape"].get<std::string>();
@@ -299,6 +308,7 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
       std::printf(" %8.2f %5.0f%% %8.2f", r["speedup"].get<double>(),
                   100.0 * r["efficiency"].get<double>(), r["fma_speedup"].get<double>());
     }
+    if (!o.tweaks.empty()) std::printf(" %-11s", r["tweak"].get<std::string>().c_str());
     std::printf("\n");
   }
 }
@@ -319,8 +329,11 @@ BenchPlan plan_bench(const Options& o) {
   std::vector<Simd> providers;
   for (const auto& name : o.simd) providers.push_back(parse_simd(name));
   if (providers.empty()) providers.push_back(default_context().simd());
+  const std::vector<std::string> tweaks =
+      o.tweaks.empty() ? std::vector<std::string>{"none"} : o.tweaks;
   for (const auto& t : o.targets)
-    for (Simd s : providers) bp.variants.push_back({parse_target(t), s});
+    for (Simd s : providers)
+      for (const auto& tw : tweaks) bp.variants.push_back({parse_target(t), s, tw});
   bp.layout = parse_layout(o.layout);
   for (const auto& name : o.variants) {
     const ScoreVariant sv = parse_variant(name);
@@ -416,6 +429,7 @@ void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress&
     ctxs.push_back(std::make_unique<Context>(pt.threads));
     ctxs.back()->set_max_target(v.cap);
     ctxs.back()->set_simd(v.simd);
+    set_plan_tweak(*ctxs.back(), v.tweak);
     for (const Case& dc : cases) dc.run(*ctxs.back());  // warm-up: scratch, page faults, threads
   }
   const std::size_t nd = cases.size();
@@ -443,6 +457,7 @@ void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress&
     std::sort(ms[i].begin(), ms[i].end());
     Json r = point_record(o, pt, cases[0], ci, bp.dtype_pairs[i % nd], *ctxs[i / nd], ms[i]);
     if (point_probe) r["point_fma_gflops"] = point_fma;
+    if (!o.tweaks.empty()) r["tweak"] = bp.variants[i / nd].tweak;
     if (flusher != nullptr) r["cold_mib"] = flusher->mib();
     rows.push_back(
         {std::move(r), ci.flops, ci.bytes, ci.memory_bound, bp.variants[i / nd].cap, ci.parts});
@@ -478,7 +493,8 @@ void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes&
     for (const Row& other : rows) {
       const Json& q = other.rec;
       if (q["threads"].get<int>() == 1 && q["dims"] == r["dims"] && q["target"] == r["target"] &&
-          q["simd"] == r["simd"] && q["dtype"] == r["dtype"] && q["kv_dtype"] == r["kv_dtype"]) {
+          q["simd"] == r["simd"] && q["dtype"] == r["dtype"] && q["kv_dtype"] == r["kv_dtype"] &&
+          q.value("tweak", "") == r.value("tweak", "")) {
         base_ms = q["median_ms"].get<double>();
       }
     }
@@ -585,6 +601,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "Examples:\n"
       "  cpuattn bench --shape P1 --shape 2,8,512,512,64 --threads 1,2 --json\n"
       "  cpuattn bench --shape P1 --simd highway,xsimd --target avx512,avx2\n"
+      "  cpuattn bench --shape S1 --threads 1 --repeat 60 --tweak none,no_kv_ahead\n"
       "  cpuattn bench --sweep threads --shape P1 --out scaling.json\n"
       "  cpuattn bench --sweep seq --shape P1 --causal --threads 2 --md");
   cmd->add_option("--shape", opts->shapes,
@@ -604,6 +621,12 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "highway)")
       ->delimiter(',')
       ->check(CLI::IsMember({"highway", "xsimd"}));
+  cmd->add_option("--tweak", opts->tweaks,
+                  "Plan tweaks to time against each other call by call, for tuning on a shared "
+                  "machine: none (the shipped plan), no_kv_ahead, kv_ahead_x2, plain_out, "
+                  "stream_out (comma list; records gain a tweak field; docs/profiling.md)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(plan_tweak_names()));
   cmd->add_option("--dtype", opts->dtypes,
                   "Q (and out) dtypes to measure: f32, bf16, f16 (comma list; default f32)")
       ->delimiter(',')

@@ -1,0 +1,61 @@
+#include "tweaks.h"
+
+#include <algorithm>
+#include <atomic>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "api/context_impl.h"
+#include "kernels/flash/config.h"
+
+namespace cpuattn {
+namespace {
+
+using detail::OutUnit;
+using detail::Plan;
+
+struct Tweak {
+  const char* name;
+  void (*apply)(Plan&);  // null: the shipped plan
+};
+
+// Each keeps the plan valid for any problem: the prefetch budget is any size, and the streamed
+// epilogue writes plainly every row that is not whole aligned vectors (epilogue-inl.h).
+constexpr Tweak kTweaks[] = {
+    {"none", nullptr},
+    {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
+    {"kv_ahead_x2", [](Plan& pl) { pl.ahead_kv_bytes *= 2; }},
+    {"plain_out",
+     [](Plan& pl) {
+       if (pl.path.out == OutUnit::f32_stream) pl.path.out = OutUnit::f32;
+     }},
+    {"stream_out",
+     [](Plan& pl) {
+       if (pl.path.out == OutUnit::f32) pl.path.out = OutUnit::f32_stream;
+     }},
+};
+
+}  // namespace
+
+const std::vector<std::string>& plan_tweak_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Tweak& t : kTweaks) n.emplace_back(t.name);
+    return n;
+  }();
+  return names;
+}
+
+void set_plan_tweak(Context& context, const std::string& name) {
+  const auto* t = std::find_if(std::begin(kTweaks), std::end(kTweaks),
+                               [&](const Tweak& k) { return name == k.name; });
+  if (t == std::end(kTweaks)) {
+    std::string choices;
+    for (const std::string& n : plan_tweak_names()) choices += (choices.empty() ? "" : ", ") + n;
+    throw Error("cpuattn: plan tweak '" + name + "' is not one of " + choices);
+  }
+  detail::ContextAccess::impl(context).plan_tweak.store(t->apply, std::memory_order_relaxed);
+}
+
+}  // namespace cpuattn

@@ -1,0 +1,28 @@
+// Benchmark support (not part of the library's API): named changes of the flash op's plan, for
+// timing a variant of the plan against the shipped one call by call in one process (`cpuattn
+// bench --tweak`). On a shared machine whose speed drifts by tens of percent within minutes, only
+// calls timed in turns on the same inputs resolve a difference of a few percent
+// (docs/performance.md#dm-plan-tweaks). Every tweak changes how a call runs, never its result:
+// outputs stay bitwise identical, and the tests check it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpuattn/cpuattn.h"
+
+namespace cpuattn {
+
+// The tweaks, "none" (the shipped plan) first:
+//   none         the plan as plan_flash() makes it
+//   no_kv_ahead  tiled tasks prefetch none of the next task's K/V (Plan::ahead_kv_bytes 0)
+//   kv_ahead_x2  twice the shipped amount of the next task's K/V prefetched (the whole L2)
+//   plain_out    outputs above the streaming threshold written through the caches
+//   stream_out   f32 outputs of any size written with non-temporal stores
+const std::vector<std::string>& plan_tweak_names();
+
+// Makes every later call on `context` run with the named tweak; throws Error naming the choices
+// for an unknown name, and then leaves the context as it was.
+void set_plan_tweak(Context& context, const std::string& name);
+
+}  // namespace cpuattn
