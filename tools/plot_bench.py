@@ -10,8 +10,8 @@ Each IN file holds JSON lines (one record per line). Per kind of record, one row
                    around each point, dotted (below the ideal line when a core was shared while
                    that point ran); parallel efficiency beside it
   no sweep         GFLOP/s per shape, as bars
-One series per input file, shape, provider, dtype, target, threads or version, whichever of
-these differ between the records (the legend names only what differs).
+One series per input file, shape, provider, dtype, target, plan tweak (`--tweak`), threads or
+version, whichever of these differ between the records (the legend names only what differs).
 
 Run it with /usr/bin/python3: that interpreter sees Debian's python3-matplotlib.
 """
@@ -25,7 +25,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SERIES_KEYS = ("file", "shape", "simd", "dtype", "target", "threads", "version", "causal")
+SERIES_KEYS = ("file", "shape", "simd", "dtype", "target", "tweak", "threads", "version",
+               "causal")
 
 
 def load(paths):
@@ -62,7 +63,7 @@ def series(records, skip=()):
     def part(r, k):
         if k == "causal":
             return "causal" if r.get(k) else "not causal"
-        if k in ("file", "shape", "simd", "dtype", "target"):
+        if k in ("file", "shape", "simd", "dtype", "target", "tweak"):
             return str(r.get(k))
         return f"{k} {r.get(k)}"
 
