@@ -20,8 +20,10 @@ struct Tweak {
   void (*apply)(Plan&);  // null: the shipped plan
 };
 
-// Each keeps the plan valid for any problem: the prefetch budget is any size, and the streamed
-// epilogue writes plainly every row that is not whole aligned vectors (epilogue-inl.h).
+// Each keeps the plan valid for any problem: the prefetch budget is any size, the streamed
+// epilogue writes plainly every row that is not whole aligned vectors (epilogue-inl.h), and a
+// tiled block may always pack its f32 V (the P V tile then sums the same products in the same
+// order: config.cpp, choose_block).
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
@@ -29,6 +31,11 @@ constexpr Tweak kTweaks[] = {
     {"plain_out",
      [](Plan& pl) {
        if (pl.path.out == OutUnit::f32_stream) pl.path.out = OutUnit::f32;
+     }},
+    {"pack_v",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block)
+         if (b.kv == detail::KvUnit::k_packed) b.kv = detail::KvUnit::packed_f32;
      }},
     {"stream_out",
      [](Plan& pl) {

@@ -18,6 +18,7 @@ namespace cpuattn {
 //   no_kv_ahead  tiled tasks prefetch none of the next task's K/V (Plan::ahead_kv_bytes 0)
 //   kv_ahead_x2  twice the shipped amount of the next task's K/V prefetched (the whole L2)
 //   plain_out    outputs above the streaming threshold written through the caches
+//   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
 //   stream_out   f32 outputs of any size written with non-temporal stores
 const std::vector<std::string>& plan_tweak_names();
 

@@ -624,7 +624,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--tweak", opts->tweaks,
                   "Plan tweaks to time against each other call by call, for tuning on a shared "
                   "machine: none (the shipped plan), no_kv_ahead, kv_ahead_x2, plain_out, "
-                  "stream_out (comma list; records gain a tweak field; docs/profiling.md)")
+                  "pack_v, stream_out (comma list; records gain a tweak field; docs/profiling.md)")
       ->delimiter(',')
       ->check(CLI::IsMember(plan_tweak_names()));
   cmd->add_option("--dtype", opts->dtypes,
