@@ -54,13 +54,17 @@ const std::vector<std::string>& plan_tweak_names() {
   return names;
 }
 
+std::string plan_tweak_list() {
+  std::string list;
+  for (const std::string& n : plan_tweak_names()) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
 void set_plan_tweak(Context& context, const std::string& name) {
   const auto* t = std::find_if(std::begin(kTweaks), std::end(kTweaks),
                                [&](const Tweak& k) { return name == k.name; });
   if (t == std::end(kTweaks)) {
-    std::string choices;
-    for (const std::string& n : plan_tweak_names()) choices += (choices.empty() ? "" : ", ") + n;
-    throw Error("cpuattn: plan tweak '" + name + "' is not one of " + choices);
+    throw Error("cpuattn: plan tweak '" + name + "' is not one of " + plan_tweak_list());
   }
   detail::ContextAccess::impl(context).plan_tweak.store(t->apply, std::memory_order_relaxed);
 }

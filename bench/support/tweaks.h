@@ -21,6 +21,8 @@ namespace cpuattn {
 //   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
 //   stream_out   f32 outputs of any size written with non-temporal stores
 const std::vector<std::string>& plan_tweak_names();
+// The names as a comma-separated list, for help texts and errors.
+std::string plan_tweak_list();
 
 // Makes every later call on `context` run with the named tweak; throws Error naming the choices
 // for an unknown name, and then leaves the context as it was.

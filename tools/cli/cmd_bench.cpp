@@ -623,8 +623,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"highway", "xsimd"}));
   cmd->add_option("--tweak", opts->tweaks,
                   "Plan tweaks to time against each other call by call, for tuning on a shared "
-                  "machine: none (the shipped plan), no_kv_ahead, kv_ahead_x2, plain_out, "
-                  "pack_v, stream_out (comma list; records gain a tweak field; docs/profiling.md)")
+                  "machine: " +
+                      plan_tweak_list() +
+                      " (none: the shipped plan; bench/support/tweaks.h says what each changes; "
+                      "comma list; records gain a tweak field; docs/profiling.md)")
       ->delimiter(',')
       ->check(CLI::IsMember(plan_tweak_names()));
   cmd->add_option("--dtype", opts->dtypes,
