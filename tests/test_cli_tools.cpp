@@ -181,6 +181,23 @@ TEST_F(Cli, BenchColdFlushesTwiceTheLastLevelCache) {
   EXPECT_FALSE(json_lines(warm.out).at(0).contains("cold_mib")) << warm.out;
 }
 
+// profile --tweak runs the profiled calls with the tweak: a small output is streamed only with
+// stream_out, and the record names the tweak.
+TEST_F(Cli, ProfileRunsThePlanTweak) {
+  const std::string cmd = "profile --shape 2,4,64,64,64 --threads 1 --repeat 2 --json";
+  const Result shipped = run(cmd);
+  ASSERT_EQ(shipped.exit_code, 0) << shipped.err;
+  const Json a = Json::parse(shipped.out);
+  EXPECT_FALSE(a.contains("tweak")) << shipped.out;
+  EXPECT_EQ(a.at("path").get<std::string>().find("/f32_stream"), std::string::npos) << a.dump();
+  const Result tweaked = run(cmd + " --tweak stream_out");
+  ASSERT_EQ(tweaked.exit_code, 0) << tweaked.err;
+  const Json b = Json::parse(tweaked.out);
+  EXPECT_EQ(b.at("tweak"), "stream_out");
+  EXPECT_NE(b.at("path").get<std::string>().find("/f32_stream"), std::string::npos) << b.dump();
+  EXPECT_NE(run("profile --shape 2,4,64,64,64 --tweak faster").exit_code, 0);
+}
+
 // --tweak times plan variants in turns: one record per tweak, each naming its tweak; an unknown
 // name is refused, naming the option; a run without the flag carries no tweak field.
 TEST_F(Cli, BenchTimesPlanTweaksInTurns) {

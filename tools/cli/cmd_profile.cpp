@@ -21,6 +21,7 @@
 #include "cpuattn/profile.h"
 #include "machine.h"
 #include "probes.h"
+#include "tweaks.h"
 
 namespace cpuattn::cli {
 namespace {
@@ -35,6 +36,7 @@ struct Options {
   int repeat = 5;
   std::string target = "best";
   std::string simd;
+  std::string tweak;  // a plan tweak (bench/support/tweaks.h); empty: the shipped plan
   std::string trace;
   bool json = false;
   std::string layout = "bhld";
@@ -100,6 +102,7 @@ Json profile_json(const Options& o, const Case& c, const Summary& s, const Ceili
   j["tasks"] = m.tasks;
   j["k_splits"] = m.k_splits;
   j["path"] = m.path;
+  if (!o.tweak.empty()) j["tweak"] = o.tweak;
   j["repeat"] = o.repeat;
   j["median_ms"] = m.wall_ms;
   j["best_ms"] = s.best_ms;
@@ -150,6 +153,7 @@ void print_phases(const Options& o, const Case& c, const Summary& s) {
       "%d thread%s\n",
       c.name.c_str(), c.dims.c_str(), m.op.c_str(), m.mask.c_str(), m.dtype.c_str(), m.kv.c_str(),
       m.out.c_str(), target_name(m.target), simd_name(m.simd), m.threads, m.threads > 1 ? "s" : "");
+  if (!o.tweak.empty()) std::printf("plan tweak: %s\n", o.tweak.c_str());
   std::printf("machine: %s, %d logical CPUs, L1d %lld KiB, L2 %lld KiB; cpuattn %s (%s)\n",
               mach.cpu.c_str(), mach.logical_cpus, static_cast<long long>(mach.l1d_bytes / 1024),
               static_cast<long long>(mach.l2_bytes / 1024), mach.version.c_str(),
@@ -231,6 +235,7 @@ int run_profile(const Options& o) {
   Context ctx(0);
   ctx.set_max_target(parse_target(o.target));
   if (!o.simd.empty()) ctx.set_simd(parse_simd(o.simd));
+  if (!o.tweak.empty()) set_plan_tweak(ctx, o.tweak);
   const auto once = [&] { arena.execute([&] { c.run(ctx); }); };
 
   // The ceilings are measured before and after the calls and the best reading of each is kept,
@@ -308,6 +313,10 @@ void add_profile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember(target_cap_names()));
   cmd->add_option("--simd", opts->simd, "SIMD provider: highway or xsimd (default: CPUATTN_SIMD)")
       ->check(CLI::IsMember({"highway", "xsimd"}));
+  cmd->add_option("--tweak", opts->tweak,
+                  "Run the calls with a plan tweak, as `cpuattn bench --tweak` times it: " +
+                      plan_tweak_list())
+      ->check(CLI::IsMember(plan_tweak_names()));
   cmd->add_option("--trace", opts->trace, "Write a Chrome trace-event JSON file of the calls");
   cmd->add_flag("--json", opts->json, "One JSON object instead of the report");
   cmd->callback([opts, &exit_code] {
