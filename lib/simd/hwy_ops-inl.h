@@ -100,7 +100,7 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
     return hn::IfThenElse(keep, R(s), hn::Set(D(), -std::numeric_limits<float>::infinity()));
   }
 
-#if CPUATTN_SIMD_BITS == 512
+#if CPUATTN_SIMD_BITS >= 256
   static HWY_INLINE V FloorFrac(V x) { return V{x86::FloorFrac(x.raw)}; }
   static HWY_INLINE V LdExpFloor(V p, V x) { return V{x86::LdExpFloor(p.raw, x.raw)}; }
 #else

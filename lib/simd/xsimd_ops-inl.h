@@ -5,7 +5,8 @@
 //   256  AVX2 + FMA    xsimd::fma3<avx2>
 //   512  AVX-512 F/VL/DQ/BW  xsimd::avx512bw  (the instruction set of Highway's AVX3 target)
 // What xsimd 8.1 lacks (transposes, a horizontal max, byte masks, streaming stores, the AVX-512
-// exp2 steps) comes from simd/x86/x86-inl.h on the raw registers, shared with the Highway provider.
+// exp2 steps of AVX2 and AVX-512) comes from simd/x86/x86-inl.h on the raw registers, shared with
+// the Highway provider.
 #if defined(CPUATTN_SIMD_XSIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_SIMD_XSIMD_OPS_INL_H_
 #undef CPUATTN_SIMD_XSIMD_OPS_INL_H_
@@ -80,7 +81,7 @@ struct XsimdOps : simd::Tiles<CPUATTN_XSIMD_ARCH> {
     return V(x86::KeepIfByteSet(Raw(s), bytes));
   }
 
-#if CPUATTN_XSIMD_ARCH == 512
+#if CPUATTN_XSIMD_ARCH >= 256
   static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return V(x86::FloorFrac(Raw(x))); }
   static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) { return V(x86::LdExpFloor(Raw(p), Raw(x))); }
 #else

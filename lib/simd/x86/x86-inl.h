@@ -1,8 +1,8 @@
 // x86 building blocks on raw registers (__m128 / __m256 / __m512), shared by both SIMD providers:
 // operations neither Highway 1.0.3 nor xsimd 8.1 offers in the form the kernels need (register
-// transposes, the AVX-512 exp2 reduction and scaling), plus the few xsimd lacks (horizontal max,
-// byte masks, streaming stores). Each provider converts its vector type to the raw register and
-// back, so the instruction sequences exist once.
+// transposes, exp2's floor and scaling without range fix-ups), plus the few xsimd lacks (horizontal
+// max, byte masks, streaming stores). Each provider converts its vector type to the raw register
+// and back, so the instruction sequences exist once.
 //
 // Only the functions of the width being compiled are defined (CPUATTN_SIMD_BITS, see
 // simd/target_namespace.h): the others would need instructions this target may not have.
@@ -135,6 +135,21 @@ CPUATTN_ALWAYS_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) 
 }
 
 CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
+
+// x - floor(x); the floor is the one LdExpFloor takes, so a compiler computes it once for both.
+CPUATTN_ALWAYS_INLINE __m256 FloorFrac(__m256 x) { return _mm256_sub_ps(x, _mm256_floor_ps(x)); }
+
+// p * 2^floor(x) through the exponent bits: (cvttps(floor(x)) + 127) << 23, lanes with x < -126
+// zeroed. cvttps gives 0x80000000 for NaN and out-of-range lanes, which the shift turns into 1.0
+// (p carries the NaN; above 127 Exp2 leaves the result unspecified), so no range fix-up is needed:
+// Highway's ConvertTo adds five operations for one to Exp2's thirteen
+// (docs/performance.md#dm-avx2-ldexp).
+CPUATTN_ALWAYS_INLINE __m256 LdExpFloor(__m256 p, __m256 x) {
+  const __m256i n = _mm256_cvttps_epi32(_mm256_floor_ps(x));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
 
 // Lane i (of each 128-bit half) of PairSum(a0, a1): pairs of a0's lanes (i < 2), a1's (i >= 2).
 // ReduceSum4 of four vectors is the lane-wise sum of PairSum(PairSum(a0, a1), PairSum(a2, a3))'s
