@@ -41,6 +41,10 @@ constexpr Tweak kTweaks[] = {
      [](Plan& pl) {
        if (pl.path.out == OutUnit::f32) pl.path.out = OutUnit::f32_stream;
      }},
+    {"no_scores_k_ahead",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.scores_k_ahead = false;
+     }},
 };
 
 }  // namespace

@@ -20,6 +20,7 @@ namespace cpuattn {
 //   plain_out    outputs above the streaming threshold written through the caches
 //   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
 //   stream_out   f32 outputs of any size written with non-temporal stores
+//   no_scores_k_ahead  streamed blocks whose K rows P V asked for: the scores do not ask again
 const std::vector<std::string>& plan_tweak_names();
 // The names as a comma-separated list, for help texts and errors.
 std::string plan_tweak_list();

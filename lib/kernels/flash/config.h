@@ -69,6 +69,10 @@ struct BlockPath {
   // Streamed contiguous K/V whose scores prefetch V: the P V unit prefetches the next block's K
   // rows (key_ahead.h).
   bool k_ahead = false;
+  // The streamed scores prefetch K rows ahead of their own, with k_ahead also where P V asked for
+  // them already. Always chosen; `cpuattn bench --tweak no_scores_k_ahead` times the second ask
+  // against the plan (a CPU-dependent trade: docs/performance.md#dm-scores-k-ahead).
+  bool scores_k_ahead = true;
   // Tiled blocks: K/V packed into panels and chunks, scores in tiles of rows.
   CPUATTN_ALWAYS_INLINE bool tiled() const {
     return score == ScoreUnit::tile_f32 || score == ScoreUnit::tile_bf16 ||

@@ -370,18 +370,22 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
           MaskScoreRow<O>(tb.s + r * g.Nk, kb.ncols, tb.rm[r], mi);
       clock.lap(Phase::mask);
       return;
-    case ScoreUnit::dot:
+    case ScoreUnit::dot: {
       // A paged block's next block lies in another page, and so do its int8 scales.
       PrefetchRunScales(p, tc.b, kb.kb0, g.Nk, std::min(tc.k1 - kb.kb0, 2 * g.Nk), hr.head);
+      // P V of the block (or head) before asked for these K rows, unless this is the first read.
+      const bool k_asked =
+          q.path.k_ahead && !q.path.scores_k_ahead && (kb.kb0 > q.kb_first || hr.j > 0);
       if (hilo) {
         if constexpr (kNative)
           ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
-                                 false);
+                                 false, k_asked);
       } else {
         ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
-                                q.k_lo);
+                                q.k_lo, k_asked);
       }
       break;
+    }
     case ScoreUnit::dot_runs:
       if (hilo) {
         if constexpr (kNative)

@@ -273,12 +273,15 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 // contiguous block at kb0 (task keys end at k1; a paged block lies in one page, whose end also
 // ends the K rows prefetched ahead) into S rows of s_stride. V rows are prefetched
 // beside K, f32 V as well: with P V prefetching the next block's K (BlockPath::k_ahead) each
-// phase keeps one block of bytes in flight (docs/performance.md#dm-k-ahead-f32). k_lo: Qp was
-// multiplied by 2^120 and an fp8 K reads as Fp8E4M3Lo (fp8_lo-inl.h).
+// phase keeps one block of bytes in flight (docs/performance.md#dm-k-ahead-f32). k_asked: P V
+// asked for this block's K rows already and the plan has the scores ask for none ahead of their
+// own (BlockPath::scores_k_ahead false: only as a bench tweak,
+// docs/performance.md#dm-scores-k-ahead). k_lo: Qp was multiplied by 2^120 and an fp8 K reads as
+// Fp8E4M3Lo (fp8_lo-inl.h).
 template <class O, bool kHiLo>
 void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                    std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
-                   std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo) {
+                   std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo, bool k_asked) {
   WithReadElem(p.k.dtype, k_lo, [&](auto t) {
     using T = decltype(t);
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
@@ -290,7 +293,7 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
         static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
                            s_stride, vpf, p.v.s[2] * ev, p.Dv * ev,
-                           std::min(k1 - kb0, p.page_run(kb0)));
+                           k_asked ? 0 : std::min(k1 - kb0, p.page_run(kb0)));
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
       SetNanKeyScores<O>(&K->bits, p.k.s[2], p.D, nk_live, rows, s, s_stride);
   });
