@@ -4,9 +4,9 @@
 //   128  SSE4.2        xsimd::sse4_2          (no FMA: MulAdd rounds twice, as Highway's SSE4)
 //   256  AVX2 + FMA    xsimd::fma3<avx2>
 //   512  AVX-512 F/VL/DQ/BW  xsimd::avx512bw  (the instruction set of Highway's AVX3 target)
-// What xsimd 8.1 lacks (transposes, a horizontal max, byte masks, streaming stores, the AVX-512
-// exp2 steps of AVX2 and AVX-512) comes from simd/x86/x86-inl.h on the raw registers, shared with
-// the Highway provider.
+// What xsimd 8.1 lacks (transposes, a horizontal max, byte masks, streaming stores, the exp2
+// steps of AVX2 and AVX-512) comes from simd/x86/x86-inl.h on the raw registers, shared with the
+// Highway provider.
 #if defined(CPUATTN_SIMD_XSIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_SIMD_XSIMD_OPS_INL_H_
 #undef CPUATTN_SIMD_XSIMD_OPS_INL_H_
