@@ -266,6 +266,14 @@ TEST_P(Micro, ProbBlockMatchesDouble) {
             ASSERT_LE(std::abs(got_sum - sum), tol) << what << ": the sum of row " << r;
           }
           if (!first) {
+            // Row 0's tile comes before the other rows' in each panel, and the block learns of
+            // the refusal after its last tile: a later tile must not undo it.
+            const std::vector<float> m_kept = m;
+            m[0] = static_cast<float>(row_max[0] - 8.5);
+            EXPECT_FALSE(k.prob_block(rows, q.data(), qs, D, kp.data(), ncols, m.data(), first,
+                                      s.data(), s_stride, lsum.data()))
+                << what << ", row 0";
+            m = m_kept;
             m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
           } else if (ncols > W) {
             // The second panel's first key, for the last row: a score 9 above the first panel's.

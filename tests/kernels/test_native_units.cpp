@@ -167,14 +167,18 @@ TEST(NativeUnits, TileProbsMatchDouble) {
             for (int i = 0; i < 16; ++i) got_sum += lsum.data()[r * 16 + i];
             ASSERT_LE(std::abs(got_sum - sum), sum_tol) << what << ": the sum of row " << r;
           }
-          // The last row's largest score 8.5 above its m is refused; a NaN key as well (in the
-          // first panel and in the last).
+          // The first or the last row's largest score 8.5 above its m is refused (the first
+          // row's tile comes before the other rows' in each panel, and the refusal is known after
+          // the block's last tile); a NaN key as well (in the first panel and in the last).
           const std::vector<float> m_kept = m;
           if (!first) {
-            m[rows - 1] = static_cast<float>(row_max[rows - 1] - 8.5);
-            EXPECT_FALSE(
-                k.tile_probs(p, rows, nk, qscale, m.data(), first, pb.data(), nk, lsum.data()))
-                << what;
+            for (int bad : {0, rows - 1}) {
+              m = m_kept;
+              m[bad] = static_cast<float>(row_max[bad] - 8.5);
+              EXPECT_FALSE(
+                  k.tile_probs(p, rows, nk, qscale, m.data(), first, pb.data(), nk, lsum.data()))
+                  << what << ", row " << bad;
+            }
           }
           for (std::int64_t j : {std::int64_t{0}, nk - 1}) {
             m = first ? std::vector<float>(rows, neg_inf) : m_kept;

@@ -154,16 +154,20 @@ CPUATTN_ALWAYS_INLINE void StoreProbs(const typename O::V (&acc)[R][O::kScoreCol
 }
 
 // ProbBlockTiles' tile: R rows x W keys of probabilities 2^(s - m[r]) into S rows, and their sums
-// into lsum rows, from the accumulators; false, with nothing summed, if a score is above m[r] +
-// kLazyMaxSlack. With kFirst (the block's first panel, rows that have seen no key yet) m[r] is
-// not read but set, to the largest of the row's scores here; false, with m unchanged, where that
-// is not finite. A NaN score passes as NaN probabilities, which the driver's check of Acc
-// (AccFinite) sends through the exact rerun.
+// into lsum rows, from the accumulators. The largest s - m of the tile goes into `seen` (one
+// vector, the lane-wise max over the block's tiles so far), which ProbBlockTiles checks against
+// kLazyMaxSlack after the block's last tile: a branch here on the tile's own max held the tile's
+// epilogue until the max was reduced (docs/performance.md#dm-lazy-check-deferred). With kFirst
+// (the block's first panel, rows that have seen no key yet) m[r] is not read but set, to the
+// largest of the row's scores here; false, with m unchanged, where that is not finite. A NaN
+// score passes as NaN probabilities, which the driver's check of Acc (AccFinite) sends through
+// the exact rerun.
 template <class O, int R, bool kFirst>
 CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_t qs,
                                     std::int64_t D, const float* CPUATTN_RESTRICT kp, float* m,
                                     float* CPUATTN_RESTRICT s, std::int64_t s_stride,
-                                    float* CPUATTN_RESTRICT lsum, std::int64_t lsum_stride) {
+                                    float* CPUATTN_RESTRICT lsum, std::int64_t lsum_stride,
+                                    float* CPUATTN_RESTRICT seen) {
   using V = typename O::V;
   constexpr int C = O::kScoreCols;
   V acc[R][C];
@@ -198,7 +202,7 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
       CPUATTN_UNROLL(4)
       for (int c = 0; c < C; ++c) over = O::Max(over, acc[r][c]);
     }
-    if (O::ReduceMax(over) > kLazyMaxSlack) return false;
+    O::Store(O::Max(O::Load(seen), over), seen);
   }
   StoreProbs<O, R>(acc, s, s_stride, lsum, lsum_stride);
   return true;
@@ -206,12 +210,12 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
 
 template <class O, bool kFirst>
 bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const float* kp, float* m,
-              float* s, std::int64_t s_stride, float* lsum, std::int64_t lsum_stride) {
+              float* s, std::int64_t s_stride, float* lsum, std::int64_t lsum_stride, float* seen) {
   switch (R) {
-#define CPUATTN_PROB_CASE(n)                                                          \
-  case n:                                                                             \
-    if constexpr (n <= O::kScoreRows)                                                 \
-      return ProbTile<O, n, kFirst>(q, qs, D, kp, m, s, s_stride, lsum, lsum_stride); \
+#define CPUATTN_PROB_CASE(n)                                                                \
+  case n:                                                                                   \
+    if constexpr (n <= O::kScoreRows)                                                       \
+      return ProbTile<O, n, kFirst>(q, qs, D, kp, m, s, s_stride, lsum, lsum_stride, seen); \
     break;
     CPUATTN_PROB_CASE(1)
     CPUATTN_PROB_CASE(2)
@@ -238,23 +242,31 @@ bool ProbRows(int R, const float* q, std::int64_t qs, std::int64_t D, const floa
 // here); the max pass and the exp2 pass over S are gone. Rows that have each seen a block keep
 // their max m; with `first` (rows that have seen no key: a short sequence's only block) the first
 // panel's tiles set m to the largest score of the row's first panel, and the later panels are
-// weighed against it. False as soon as a tile finds a score above m + kLazyMaxSlack (or, with
-// `first`, a first panel's largest score not finite): the block then takes the two passes, which
-// overwrite S (with `first`, m is -inf again). between() as in ScoreBlockTiles.
+// weighed against it. False if a score is above m + kLazyMaxSlack (known after the last tile) or,
+// with `first`, as soon as a first panel's largest score is not finite: the block then takes the
+// two passes, which overwrite S and lsum (with `first`, m is -inf again). between() as in
+// ScoreBlockTiles.
 template <class O, class Between>
 bool ProbBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, const float* kp,
                     std::int64_t ncols, float* m, bool first, float* s, std::int64_t s_stride,
                     float* lsum, std::int64_t lsum_stride, const Between& between) {
   constexpr int W = O::kScoreCols * O::kLanes;
   for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-  return LazyPanels<W, O::kScoreRows>(
+  alignas(64) float seen[O::kLanes];
+  O::Store(O::Set(-std::numeric_limits<float>::infinity()), seen);
+  const bool ok = LazyPanels<W, O::kScoreRows>(
       rows, ncols, first, m,
       [&](int r0, int R, std::int64_t c0, auto first_panel) {
         return ProbRows<O, decltype(first_panel)::value>(
             R, qp + r0 * qs, qs, D, kp + (c0 / W) * D * W, m + r0, s + r0 * s_stride + c0, s_stride,
-            lsum + r0 * lsum_stride, lsum_stride);
+            lsum + r0 * lsum_stride, lsum_stride, seen);
       },
       between);
+  if (ok && O::ReduceMax(O::Load(seen)) > kLazyMaxSlack) {
+    if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    return false;
+  }
+  return ok;
 }
 
 CPUATTN_NAMESPACE_END

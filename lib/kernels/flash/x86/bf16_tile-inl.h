@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "core/inline.h"
 #include "core/problem.h"
@@ -253,15 +254,16 @@ struct Bf16Tile {
   };
 
   // ProbBlock's tile: R rows x W keys of probabilities 2^(s - m[r]) rounded to bf16 into Pb rows
-  // and summed into lsum rows (one vector each), straight from the accumulators; false, with
-  // nothing written, if a score is above m[r] + kLazyMaxSlack or NaN. With kFirst (the block's
-  // first panel, rows that have seen no key) m[r] is set, to the largest of the row's scores
-  // here; false where that is not finite or a score is NaN.
+  // and summed into lsum rows (one vector each), straight from the accumulators. The lanes with a
+  // score above m[r] + kLazyMaxSlack or NaN are or-ed into `refused`, which ProbBlockFrom checks
+  // after the block's last tile (as ProbBlockTiles' `seen`, score_tile-inl.h). With kFirst (the
+  // block's first panel, rows that have seen no key) m[r] is set, to the largest of the row's
+  // scores here; false where that is not finite or a score is NaN.
   template <int R, bool kFirst, class Src>
   static CPUATTN_ALWAYS_INLINE bool ProbTile(const Src& src, float qscale, float* m,
                                              std::uint16_t* CPUATTN_RESTRICT pb,
                                              std::int64_t pb_stride, float* CPUATTN_RESTRICT lsum,
-                                             std::int64_t lsum_stride) {
+                                             std::int64_t lsum_stride, __mmask16& refused) {
     constexpr int C = W / N;
     static_assert(C % 2 == 0, "probabilities are rounded two vectors at a time");
     __m512 acc[R][C];
@@ -307,7 +309,7 @@ struct Bf16Tile {
           over |= _mm512_cmp_ps_mask(acc[r][c], lim, _CMP_NLE_UQ);
         }
       }
-      if (over != 0) return false;
+      refused |= over;
     }
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) {
@@ -326,12 +328,13 @@ struct Bf16Tile {
 
   template <bool kFirst, class Src>
   static bool ProbRows(int R, const Src& src, float qscale, float* m, std::uint16_t* pb,
-                       std::int64_t pb_stride, float* lsum, std::int64_t lsum_stride) {
+                       std::int64_t pb_stride, float* lsum, std::int64_t lsum_stride,
+                       __mmask16& refused) {
     switch (R) {
-#define CPUATTN_BF16_PROB_CASE(n)                                                   \
-  case n:                                                                           \
-    if constexpr (n <= O::kScoreRows)                                               \
-      return ProbTile<n, kFirst>(src, qscale, m, pb, pb_stride, lsum, lsum_stride); \
+#define CPUATTN_BF16_PROB_CASE(n)                                                            \
+  case n:                                                                                    \
+    if constexpr (n <= O::kScoreRows)                                                        \
+      return ProbTile<n, kFirst>(src, qscale, m, pb, pb_stride, lsum, lsum_stride, refused); \
     break;
       CPUATTN_BF16_PROB_CASE(1)
       CPUATTN_BF16_PROB_CASE(2)
@@ -351,10 +354,11 @@ struct Bf16Tile {
   // ncols columns, whole panels) while they are in registers, and adds their sums into lsum rows.
   // Scores, their max, their exponentials and their rounding no longer cross memory between
   // passes. Rows that have each seen a block keep their max m; with `first` (rows that have seen
-  // no key) the first panel's tiles set it, as ProbBlockTiles (score_tile-inl.h) does. False as
-  // soon as a tile finds a score above m + kLazyMaxSlack (or NaN; with `first`, a first panel's
-  // largest score not finite): the block then takes the two passes, which overwrite what was
-  // written (with `first`, m is -inf again). between() runs after each tile (ProbBlockTiles).
+  // no key) the first panel's tiles set it, as ProbBlockTiles (score_tile-inl.h) does. False if a
+  // score is above m + kLazyMaxSlack or NaN (known after the last tile) or, with `first`, as soon
+  // as a first panel's largest score is not finite or one of its scores NaN: the block then takes
+  // the two passes, which overwrite what was written (with `first`, m is -inf again). between()
+  // runs after each tile (ProbBlockTiles).
   template <class Between>
   static bool ProbBlock(int rows, const std::uint32_t* qb, std::int64_t qs2, std::int64_t dp2,
                         const std::uint32_t* kb, std::int64_t ncols, float qscale, float* m,
@@ -375,14 +379,20 @@ struct Bf16Tile {
                             float* m, bool first, std::uint16_t* pb, std::int64_t pb_stride,
                             float* lsum, std::int64_t lsum_stride, const Between& between) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
-    return LazyPanels<W, O::kScoreRows>(
+    __mmask16 refused = 0;
+    const bool ok = LazyPanels<W, O::kScoreRows>(
         rows, ncols, first, m,
         [&](int r0, int R, std::int64_t c0, auto first_panel) {
-          return ProbRows<decltype(first_panel)::value>(R, src_at(r0, c0), qscale, m + r0,
-                                                        pb + r0 * pb_stride + c0, pb_stride,
-                                                        lsum + r0 * lsum_stride, lsum_stride);
+          return ProbRows<decltype(first_panel)::value>(
+              R, src_at(r0, c0), qscale, m + r0, pb + r0 * pb_stride + c0, pb_stride,
+              lsum + r0 * lsum_stride, lsum_stride, refused);
         },
         between);
+    if (ok && refused != 0) {
+      if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+      return false;
+    }
+    return ok;
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
