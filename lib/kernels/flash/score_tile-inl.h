@@ -254,19 +254,14 @@ bool ProbBlockTiles(int rows, const float* qp, std::int64_t qs, std::int64_t D, 
   for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
   alignas(64) float seen[O::kLanes];
   O::Store(O::Set(-std::numeric_limits<float>::infinity()), seen);
-  const bool ok = LazyPanels<W, O::kScoreRows>(
+  return LazyPanels<W, O::kScoreRows>(
       rows, ncols, first, m,
       [&](int r0, int R, std::int64_t c0, auto first_panel) {
         return ProbRows<O, decltype(first_panel)::value>(
             R, qp + r0 * qs, qs, D, kp + (c0 / W) * D * W, m + r0, s + r0 * s_stride + c0, s_stride,
             lsum + r0 * lsum_stride, lsum_stride, seen);
       },
-      between);
-  if (ok && O::ReduceMax(O::Load(seen)) > kLazyMaxSlack) {
-    if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-    return false;
-  }
-  return ok;
+      [&] { return !(O::ReduceMax(O::Load(seen)) > kLazyMaxSlack); }, between);
 }
 
 CPUATTN_NAMESPACE_END

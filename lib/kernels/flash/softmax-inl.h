@@ -29,24 +29,29 @@ inline constexpr float kLazyMaxSlack = 8.0f;
 // order, each over the block's rows in tiles of up to kRows. tile(r0, R, c0, first_panel) runs
 // one tile and returns false if it refuses the block; first_panel is std::true_type for the
 // first panel of rows that have seen no key (`first`: that panel sets their m, and the later
-// ones are weighed against it), std::false_type otherwise. between() runs after each tile. False
-// as soon as a tile refuses; with `first`, m[0, rows) is then -inf again, as it was before.
-template <int W, int kRows, class Tile, class Between>
+// ones are weighed against it), std::false_type otherwise. between() runs after each tile.
+// accept() runs after the last tile and returns false if the block is refused after all (what
+// the tiles folded together, such as their largest s - m, is checked once per block). False as
+// soon as a tile refuses, or if accept() does; with `first`, m[0, rows) is then -inf again, as it
+// was before.
+template <int W, int kRows, class Tile, class Accept, class Between>
 CPUATTN_ALWAYS_INLINE bool LazyPanels(int rows, std::int64_t ncols, bool first, float* m,
-                                      const Tile& tile, const Between& between) {
+                                      const Tile& tile, const Accept& accept,
+                                      const Between& between) {
+  const auto refuse = [&] {
+    if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    return false;
+  };
   for (std::int64_t c0 = 0; c0 < ncols; c0 += W) {
     for (int r0 = 0; r0 < rows; r0 += kRows) {
       const int R = std::min(kRows, rows - r0);
       const bool ok =
           first && c0 == 0 ? tile(r0, R, c0, std::true_type{}) : tile(r0, R, c0, std::false_type{});
       between();
-      if (!ok) {
-        if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-        return false;
-      }
+      if (!ok) return refuse();
     }
   }
-  return true;
+  return accept() ? true : refuse();
 }
 
 // One row's online-softmax step over `ncols` scores of a block (a whole number of score panels,

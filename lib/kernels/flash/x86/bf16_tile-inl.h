@@ -380,19 +380,14 @@ struct Bf16Tile {
                             float* lsum, std::int64_t lsum_stride, const Between& between) {
     for (int r = 0; r < rows; ++r) O::Store(O::Zero(), lsum + r * lsum_stride);
     __mmask16 refused = 0;
-    const bool ok = LazyPanels<W, O::kScoreRows>(
+    return LazyPanels<W, O::kScoreRows>(
         rows, ncols, first, m,
         [&](int r0, int R, std::int64_t c0, auto first_panel) {
           return ProbRows<decltype(first_panel)::value>(
               R, src_at(r0, c0), qscale, m + r0, pb + r0 * pb_stride + c0, pb_stride,
               lsum + r0 * lsum_stride, lsum_stride, refused);
         },
-        between);
-    if (ok && refused != 0) {
-      if (first) std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-      return false;
-    }
-    return ok;
+        [&] { return refused == 0; }, between);
   }
 
   // Pb row = S row rounded to bf16 (ncols is whole panels, so whole 32-value steps).
