@@ -1,4 +1,5 @@
-// Machine probes (FMA peak, the score micro-kernel on L1 data, read bandwidth) and the unfused
+// Machine probes (FMA peak, the score micro-kernel and one flash block on cached data, read
+// bandwidth) and the unfused
 // three-pass baseline, written against the vector contract like the kernels they judge, so each
 // runs on the provider and target of the case it is compared with.
 #if defined(CPUATTN_BENCH_SUPPORT_PROBES_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -14,10 +15,12 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
 
 #include "core/problem.h"
 #include "core/scratch.h"
 #include "core/softmax.h"
+#include "kernels/flash/pv-inl.h"
 #include "kernels/flash/score_tile-inl.h"
 #include "probes.h"
 #include "simd/math-inl.h"
@@ -79,6 +82,51 @@ double TileProbe(std::int64_t reps) {
   volatile float sink = s[0];
   (void)sink;
   return static_cast<double>(reps) * kTiles * R * W * D * 2.0;
+}
+
+// One K/V block of the fused loop as it runs on a long sequence, on cached operands: the one-pass
+// scores and softmax of 64 rows against 128 keys (ProbBlockTiles: products, max, exp2 and sums in
+// registers), then P V into the rows' accumulators (PvBlockTiles), D = Dv = 64. Its operands take
+// about 130 KiB (Q 16, K 32, V 32, P 32, accumulators 16): L2 on every CPU here, as the kernel's
+// own blocks are sized to be. No packing, cold read, rescale or output runs, so this is the
+// ceiling of the fused loop with its softmax, and a call's distance from it is spent outside the
+// loop. Rows that have seen a block keep their max (m = 0 against scores near 0), so no block
+// is refused.
+template <class O>
+double BlockProbe(std::int64_t reps) {
+  constexpr int N = O::kLanes, W = O::kScoreCols * N;
+  constexpr int rows = 64;
+  constexpr std::int64_t D = 64, keys = (128 + W - 1) / W * W;
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  const std::size_t floats = rows * D + 2 * keys * D + rows * keys + rows * D + rows * N + rows;
+  std::unique_ptr<float, Free> buf(
+      static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
+  if (!buf) throw std::bad_alloc();
+  float* qp = buf.get();
+  float* kp = qp + rows * D;
+  float* vp = kp + keys * D;
+  float* s = vp + keys * D;
+  float* acc = s + rows * keys;
+  float* lsum = acc + rows * D;
+  float* m = lsum + rows * N;
+  for (std::int64_t i = 0; i < rows * D + 2 * keys * D; ++i)
+    qp[i] = 1e-3f * static_cast<float>(static_cast<int>(i % 13) - 6);
+  std::fill(acc, acc + rows * D, 0.0f);
+  std::fill(m, m + rows, 0.0f);
+  const auto nothing = [] {};
+  for (std::int64_t rep = 0; rep < reps; ++rep) {
+    if (!ProbBlockTiles<O>(rows, qp, D, D, kp, keys, m, /*first=*/false, s, keys, lsum, N,
+                           nothing)) {
+      throw std::logic_error("BlockProbe: the one-pass tiles refused the probe's block");
+    }
+    PvBlockTiles<O>(0, rows, s, keys, vp, /*in_place=*/false, 0, keys, keys, nullptr, acc, D,
+                    nothing);
+  }
+  volatile float sink = acc[0];
+  (void)sink;
+  return static_cast<double>(reps) * rows * keys * D * 4.0;
 }
 
 template <class O>
@@ -164,6 +212,7 @@ const detail::ProbeKernels* GetProbeKernels() {
                                           .provider = simd::ProviderOf(Ops::kProvider),
                                           .fma = &FmaProbe<Ops>,
                                           .tile = &TileProbe<Ops>,
+                                          .block = &BlockProbe<Ops>,
                                           .read = &ReadProbe<Ops>,
                                           .unfused_head = &RunUnfusedHeadOps};
   return &table;

@@ -139,6 +139,13 @@ double measure_tile_gflops(int threads, const Context* context) {
   return best_gflops(threads, [&] { return ki.tile(static_cast<std::int64_t>(1.2e9 / per_rep)); });
 }
 
+double measure_block_gflops(int threads, const Context* context) {
+  check_threads(threads);
+  const detail::ProbeKernels& ki = kernels(context);
+  const double per_rep = ki.block(1);
+  return best_gflops(threads, [&] { return ki.block(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+}
+
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {
   check_threads(threads);
   const detail::ProbeKernels& ki = kernels(context);

@@ -19,6 +19,13 @@ double measure_fma_peak_gflops(int threads, const Context* context = nullptr);
 // Takes about 0.2 s.
 double measure_tile_gflops(int threads, const Context* context = nullptr);
 
+// Throughput in GFLOP/s of one K/V block of the fused loop on cached operands (64 rows against
+// 128 keys, D = Dv = 64: the one-pass scores and softmax, then P V), with `threads` threads: the
+// ceiling of the loop with its softmax, below the score micro-kernel's by the max, exp2 and sums
+// the softmax adds to the FMA pipes. A call's distance from it is spent outside the loop (packing,
+// cold reads, rescaling, the output). Takes about 0.2 s.
+double measure_block_gflops(int threads, const Context* context = nullptr);
+
 // Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
 // memory (default 1 GiB, far larger than any cache here), on transparent huge pages where the
 // kernel grants them. The buffer stays allocated for the next call, for the rest of the process
@@ -41,6 +48,8 @@ struct ProbeKernels {
   double (*fma)(std::int64_t iters);
   // The score micro-kernel on L1-resident data, `reps` times; returns the flops executed.
   double (*tile)(std::int64_t reps);
+  // One K/V block of the fused loop on cached data, `reps` times; returns the flops executed.
+  double (*block)(std::int64_t reps);
   // Sums n floats (n a multiple of 64) with vector loads.
   float (*read)(const float* data, std::size_t n);
   // The unfused baseline for one (b, h).

@@ -155,7 +155,7 @@ class Flusher {
 // The probes, per (target cap, threads); the best reading over providers and over the runs
 // before and after the cases (a neighbour on a shared core lowers single readings).
 struct Probes {
-  std::map<std::pair<int, int>, double> peak, tile, bw;
+  std::map<std::pair<int, int>, double> peak, tile, block, bw;
   void measure(const std::vector<Variant>& variants, const std::vector<int>& threads) {
     for (int t : threads) {
       for (std::size_t i = 0; i < variants.size(); ++i) {
@@ -170,6 +170,7 @@ struct Probes {
         const auto key = std::make_pair(static_cast<int>(v.cap), t);
         peak[key] = std::max(peak[key], measure_fma_peak_gflops(t, &ctx));
         tile[key] = std::max(tile[key], measure_tile_gflops(t, &ctx));
+        block[key] = std::max(block[key], measure_block_gflops(t, &ctx));
         bw[key] = std::max(bw[key], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &ctx));
       }
     }
@@ -275,9 +276,10 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
       const auto key = std::make_pair(static_cast<int>(cap), t);
       std::printf(
           "machine peak, target %s, %d thread%s: %.0f GFLOP/s FMA (score micro-kernel on L1 "
-          "data: %.0f, %.0f%%), %.1f GB/s read\n",
+          "data: %.0f, %.0f%%; one flash block on cached data: %.0f, %.0f%%), %.1f GB/s read\n",
           target_name(active_target(&capped)), t, t > 1 ? "s" : "", pr.peak.at(key),
-          pr.tile.at(key), 100.0 * pr.tile.at(key) / pr.peak.at(key), pr.bw.at(key));
+          pr.tile.at(key), 100.0 * pr.tile.at(key) / pr.peak.at(key), pr.block.at(key),
+          100.0 * pr.block.at(key) / pr.peak.at(key), pr.bw.at(key));
     }
   }
   const bool threads_sweep = o.sweep == "threads";
@@ -478,6 +480,7 @@ void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes&
   r["peak_gflops"] = probes.peak[key];
   r["pct_peak"] = 100.0 * gflops / probes.peak[key];
   r["tile_gflops"] = probes.tile[key];
+  r["block_gflops"] = probes.block[key];
   r["read_gbps"] = probes.bw[key];
   if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
   // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
@@ -568,7 +571,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA "
       "peak,\n"
       "GB/s and % of read bandwidth, next to the score micro-kernel alone on L1 data (the ceiling\n"
-      "of the kernel's arithmetic). The probes run before and after the cases; the best reading\n"
+      "of the kernel's arithmetic) and one flash block on cached data (scores, softmax and P V:\n"
+      "the ceiling of the fused loop). The probes run before and after the cases; the best "
+      "reading\n"
       "of each is kept. Several targets and providers are timed in turns in one run.\n"
       "limit_ms is the model's time at those probes: each part of the work (a decode step: the\n"
       "projections, then the attention) takes the longer of its FMA time and its read time, the\n"
