@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "api/call_scope.h"
 #include "api/context_impl.h"
@@ -63,11 +64,6 @@ struct PlanSet {
 PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, void (*tweak)(Plan&),
                  Scratch& call) {
   static_assert(std::is_trivially_copyable_v<Plan> && alignof(Plan) <= 64);
-  const auto plan_of = [&](const Problem& p) {
-    Plan pl = plan_flash(p, choice);
-    if (tweak != nullptr) tweak(pl);
-    return pl;
-  };
   const auto floats_of = [](std::size_t bytes) { return (bytes + 63) / 64 * 16; };
   const std::size_t plan_floats = floats_of(n * sizeof(Plan));
   const std::size_t first_floats = floats_of((n + 1) * sizeof(std::int64_t));
@@ -76,15 +72,28 @@ PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, void (*
                ? static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats)
                : 0;
   };
+  // Each problem is planned once, into the scratch; the partials' size follows from the plans.
+  Plan* plans = reinterpret_cast<Plan*>(call.get(plan_floats + first_floats));
   std::size_t partials = 0;
-  for (std::size_t i = 0; i < n; ++i) partials += partial_floats(plan_of(ps[i]), ps[i]);
-  float* base = call.get(plan_floats + first_floats + partials);
-  PlanSet set{reinterpret_cast<Plan*>(base), reinterpret_cast<std::int64_t*>(base + plan_floats),
-              n};
+  for (std::size_t i = 0; i < n; ++i) {
+    Plan* pl = new (plans + i) Plan(plan_flash(ps[i], choice));
+    if (tweak != nullptr) tweak(*pl);
+    partials += partial_floats(*pl, ps[i]);
+  }
+  const std::size_t total = plan_floats + first_floats + partials;
+  if (total > call.capacity()) {
+    // Growing drops the buffer's contents: the plans move out and back (a call that grows its
+    // scratch allocates anyway).
+    const std::vector<Plan> kept(plans, plans + n);
+    plans = reinterpret_cast<Plan*>(call.get(total));
+    std::copy(kept.begin(), kept.end(), plans);
+  }
+  float* base = reinterpret_cast<float*>(plans);
+  PlanSet set{plans, reinterpret_cast<std::int64_t*>(base + plan_floats), n};
   float* next_partial = base + plan_floats + first_floats;
   set.first[0] = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    Plan* pl = new (set.plans + i) Plan(plan_of(ps[i]));
+    Plan* pl = set.plans + i;
     set.first[i + 1] = set.first[i] + pl->tasks;
     if (pl->k_splits > 1) {
       pl->partials = next_partial;
