@@ -69,6 +69,15 @@ TEST_F(Cli, ProfileReportsPhasesThreadsRooflineAndCounters) {
   const std::string bound = r["roofline"]["bound"];
   EXPECT_TRUE(bound == "compute" || bound == "memory") << bound;
   EXPECT_GT(r["roofline"]["fma_peak_gflops"].get<double>(), 0);
+  EXPECT_GT(r["roofline"]["block_gflops"].get<double>(), 0);
+  // A compute-bound f32 call splits its phases into the loop and the work beside it.
+  if (bound == "compute") {
+    ASSERT_TRUE(r["roofline"].contains("loop_ms")) << j.out;
+    EXPECT_NEAR(
+        r["roofline"]["loop_ms"].get<double>() + r["roofline"]["outside_loop_ms"].get<double>(),
+        r["phase_total_ms"].get<double>(), 1e-6 * r["phase_total_ms"].get<double>());
+    EXPECT_GT(r["roofline"]["loop_at_block_ms"].get<double>(), 0);
+  }
   // Hardware counters, or the reason there are none.
   EXPECT_TRUE(r["counters"].contains("cycles") || r.contains("hardware_counters_unavailable"))
       << j.out;

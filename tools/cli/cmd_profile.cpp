@@ -85,6 +85,27 @@ Summary summarize(const std::vector<CallProfile>& calls, const Ceilings& ce) {
   return s;
 }
 
+// The fused loop's phases against the flash-block probe, and the work outside the loop: for f32
+// attention that is compute-bound, the problem the probe runs (bf16 products and decoding's
+// streamed blocks have other ceilings). Thread time, as the phases are.
+struct LoopSplit {
+  bool shown = false;
+  double loop_ms = 0, at_block_ms = 0, outside_ms = 0;
+};
+
+LoopSplit loop_split(const Summary& s, const Ceilings& ce) {
+  const CallProfile& m = *s.m;
+  const auto ms = [&](Phase p) { return m.phase_ms[static_cast<int>(p)]; };
+  LoopSplit l;
+  l.loop_ms = ms(Phase::scores) + ms(Phase::softmax) + ms(Phase::pv);
+  l.shown = m.op == "attention" && m.dtype == "f32" && m.kv == "f32" && s.compute_bound &&
+            l.loop_ms > 0 && ce.block > 0;
+  l.at_block_ms = m.flops / (ce.block * 1e9 / m.threads) * 1e3;
+  l.outside_ms = ms(Phase::pack_q) + ms(Phase::pack_kv) + ms(Phase::mask) + ms(Phase::output) +
+                 ms(Phase::merge);
+  return l;
+}
+
 Json profile_json(const Options& o, const Case& c, const Summary& s, const Ceilings& ce,
                   const ThreadCounters& counters, const std::vector<ThreadCounters::Value>& hw) {
   const CallProfile& m = *s.m;
@@ -134,6 +155,11 @@ Json profile_json(const Options& o, const Case& c, const Summary& s, const Ceili
                    {"flop_per_byte", s.intensity},
                    {"machine_balance", s.balance},
                    {"bound", s.compute_bound ? "compute" : "memory"}};
+  if (const LoopSplit l = loop_split(s, ce); l.shown) {
+    j["roofline"]["loop_ms"] = l.loop_ms;
+    j["roofline"]["loop_at_block_ms"] = l.at_block_ms;
+    j["roofline"]["outside_loop_ms"] = l.outside_ms;
+  }
   Json cj = Json::object();
   for (const auto& v : hw) cj[v.name] = v.value;
   j["counters"] = cj;
@@ -194,9 +220,15 @@ void print_ceilings(const Options& o, const Summary& s, const Ceilings& ce, int 
       "  compute: %.1f GFLOP/s = %.1f%% of the FMA peak (%.1f), %.1f%% of the score\n"
       "           micro-kernel on L1 data (%.1f, the kernel's arithmetic ceiling), %.1f%% of\n"
       "           one flash block on cached data (%.1f, the fused loop's ceiling with its\n"
-      "           softmax: the rest is spent outside the loop)\n",
+      "           softmax)\n",
       s.gflops, 100 * s.gflops / ce.peak, ce.peak, 100 * s.gflops / ce.tile, ce.tile,
       100 * s.gflops / ce.block, ce.block);
+  if (const LoopSplit l = loop_split(s, ce); l.shown) {
+    std::printf(
+        "  loop:    scores, softmax and P V take %.3f ms of thread time, against %.3f ms at the\n"
+        "           block probe's speed (%.1f%% of it); packing, masks and the output %.3f ms\n",
+        l.loop_ms, l.at_block_ms, 100 * l.at_block_ms / l.loop_ms, l.outside_ms);
+  }
   std::printf("  memory:  %.1f MB in + out once = %.2f GB/s, %.1f%% of the read bandwidth (%.1f)\n",
               m.bytes * 1e-6, m.gbps(), 100 * m.gbps() / ce.bw, ce.bw);
   std::printf(
