@@ -1,7 +1,6 @@
 // Machine probes (FMA peak, the score micro-kernel and one flash block on cached data, read
-// bandwidth) and the unfused
-// three-pass baseline, written against the vector contract like the kernels they judge, so each
-// runs on the provider and target of the case it is compared with.
+// bandwidth) and the unfused three-pass baseline, written against the vector contract like the
+// kernels they judge, so each runs on the provider and target of the case it is compared with.
 #if defined(CPUATTN_BENCH_SUPPORT_PROBES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_BENCH_SUPPORT_PROBES_INL_H_
 #undef CPUATTN_BENCH_SUPPORT_PROBES_INL_H_
@@ -88,10 +87,10 @@ double TileProbe(std::int64_t reps) {
 // scores and softmax of 64 rows against 128 keys (ProbBlockTiles: products, max, exp2 and sums in
 // registers), then P V into the rows' accumulators (PvBlockTiles), D = Dv = 64. Its operands take
 // about 130 KiB (Q 16, K 32, V 32, P 32, accumulators 16): L2 on every CPU here, as the kernel's
-// own blocks are sized to be. No packing, cold read, rescale or output runs, so this is the
-// ceiling of the fused loop with its softmax, and a call's distance from it is spent outside the
-// loop. Rows that have seen a block keep their max (m = 0 against scores near 0), so no block
-// is refused.
+// own blocks are sized to be. No packing, cold read, prefetch, rescale or output runs, so this is
+// the ceiling of the fused loop with its softmax: a call's distance from it is those, or the
+// work beside the loop. Rows that have seen a block keep their max (m = 0 against scores near
+// 0), so no block is refused.
 template <class O>
 double BlockProbe(std::int64_t reps) {
   constexpr int N = O::kLanes, W = O::kScoreCols * N;

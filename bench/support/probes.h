@@ -22,8 +22,9 @@ double measure_tile_gflops(int threads, const Context* context = nullptr);
 // Throughput in GFLOP/s of one K/V block of the fused loop on cached operands (64 rows against
 // 128 keys, D = Dv = 64: the one-pass scores and softmax, then P V), with `threads` threads: the
 // ceiling of the loop with its softmax, below the score micro-kernel's by the max, exp2 and sums
-// the softmax adds to the FMA pipes. A call's distance from it is spent outside the loop (packing,
-// cold reads, rescaling, the output). Takes about 0.2 s.
+// the softmax adds to the FMA pipes. A call's distance from it is what the loop's cold reads and
+// prefetches cost, and the work beside the loop (packing, rescaling, the output). Takes about
+// 0.2 s.
 double measure_block_gflops(int threads, const Context* context = nullptr);
 
 // Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
