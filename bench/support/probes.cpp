@@ -121,6 +121,16 @@ const float* probe_buffer(std::size_t n, int threads, std::size_t per) {
   return probe_buffer_kept->p;
 }
 
+// A kernel probe (one of ProbeKernels' rep-count members) at about 1.2 GFLOP a repetition, so that
+// each repetition is long against the clock and short against the run.
+double kernel_probe_gflops(int threads, const Context* context,
+                           double (*const detail::ProbeKernels::*probe)(std::int64_t)) {
+  check_threads(threads);
+  const auto run = kernels(context).*probe;
+  const double per_rep = run(1);
+  return best_gflops(threads, [&] { return run(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+}
+
 }  // namespace
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
@@ -132,18 +142,11 @@ double measure_fma_peak_gflops(int threads, const Context* context) {
 }
 
 double measure_tile_gflops(int threads, const Context* context) {
-  check_threads(threads);
-  const detail::ProbeKernels& ki = kernels(context);
-  // About 1.2 GFLOP a repetition (~40 ms with AVX-512 on this machine's cores).
-  const double per_rep = ki.tile(1);
-  return best_gflops(threads, [&] { return ki.tile(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+  return kernel_probe_gflops(threads, context, &detail::ProbeKernels::tile);
 }
 
 double measure_block_gflops(int threads, const Context* context) {
-  check_threads(threads);
-  const detail::ProbeKernels& ki = kernels(context);
-  const double per_rep = ki.block(1);
-  return best_gflops(threads, [&] { return ki.block(static_cast<std::int64_t>(1.2e9 / per_rep)); });
+  return kernel_probe_gflops(threads, context, &detail::ProbeKernels::block);
 }
 
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {

@@ -568,13 +568,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA "
-      "peak,\n"
-      "GB/s and % of read bandwidth, next to the score micro-kernel alone on L1 data (the ceiling\n"
-      "of the kernel's arithmetic) and one flash block on cached data (scores, softmax and P V:\n"
-      "the ceiling of the fused loop). The probes run before and after the cases; the best "
-      "reading\n"
-      "of each is kept. Several targets and providers are timed in turns in one run.\n"
+      "Time the fused kernel (f32) and report median ms, GFLOP/s and % of this machine's FMA\n"
+      "peak, GB/s and % of read bandwidth, next to the score micro-kernel alone on L1 data (the\n"
+      "ceiling of the kernel's arithmetic) and one flash block on cached data (scores, softmax\n"
+      "and P V: the ceiling of the fused loop). The probes run before and after the cases; the\n"
+      "best reading of each is kept. Several targets and providers are timed in turns in one run.\n"
       "limit_ms is the model's time at those probes: each part of the work (a decode step: the\n"
       "projections, then the attention) takes the longer of its FMA time and its read time, the\n"
       "FMA time of attention at the share of the pipes its products get beside the softmax's\n"
