@@ -214,26 +214,43 @@ TEST_P(FastPath, BlockProbeRunsItsBlock) {
 }
 
 // A plan tweak (bench/support/tweaks.h) changes how a call runs, never its result: every tweak's
-// output is bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and ragged
-// rows; and the tweak reaches the plan (stream_out shows in the call's path).
+// output and lse are bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and
+// ragged rows, and (the last case) misaligned output rows, with sinks, a causal mask and a NaN
+// query and an inf key that send blocks through the exact rerun; and the tweak reaches the plan
+// (stream_out and epilogue_out show in the call's path).
 TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
+  Case rerun{1, 4, 2, 40, 150, 32, 32};
+  rerun.misalign = 1;
+  rerun.sinks = true;
+  rerun.mask = MaskCase::causal_tl;
   for (Case c : {Case{2, 4, 2, 70, 150, 64, 64}, Case{1, 3, 1, 33, 70, 17, 19},
-                 Case{2, 8, 2, 1, 300, 32, 32}}) {
+                 Case{2, 8, 2, 1, 300, 32, 32}, rerun}) {
     Inputs in(c);
-    Tensor4 want(c.B, c.H, c.Lq, c.Dv);
+    if (c.misalign != 0) {
+      in.q.at(0, 0, 3, 0) = std::numeric_limits<float>::quiet_NaN();
+      in.k.at(0, 1, 20, 1) = std::numeric_limits<float>::infinity();
+    }
+    Tensor4 want(c.B, c.H, c.Lq, c.Dv, false, c.misalign);
+    std::vector<float> want_lse(c.B * c.H * c.Lq);
     Context ctx(2);
     GetParam().apply(ctx);
-    attention(in.q.view(), in.k.view(), in.v.view(), want.out_view(), in.opts, &ctx);
+    AttentionOptions opts = in.opts;
+    opts.lse = f32_view(want_lse.data(), {c.B, c.H, c.Lq});
+    attention(in.q.view(), in.k.view(), in.v.view(), want.out_view(), opts, &ctx);
     for (const std::string& name : plan_tweak_names()) {
-      Tensor4 got(c.B, c.H, c.Lq, c.Dv);
+      Tensor4 got(c.B, c.H, c.Lq, c.Dv, false, c.misalign);
+      std::vector<float> got_lse(c.B * c.H * c.Lq);
+      opts.lse = f32_view(got_lse.data(), {c.B, c.H, c.Lq});
       set_plan_tweak(ctx, name);
       std::vector<CallProfile> calls;
       {
         ProfileSession session;
-        attention(in.q.view(), in.k.view(), in.v.view(), got.out_view(), in.opts, &ctx);
+        attention(in.q.view(), in.k.view(), in.v.view(), got.out_view(), opts, &ctx);
         calls = session.take();
       }
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.buf.size() * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(got.buf.data(), want.buf.data(), got.buf.size() * sizeof(float)), 0)
+          << c.str() << ", tweak " << name;
+      EXPECT_EQ(std::memcmp(got_lse.data(), want_lse.data(), got_lse.size() * sizeof(float)), 0)
           << c.str() << ", tweak " << name;
       ASSERT_EQ(calls.size(), 1u);
       const std::string line = verbose_line(calls[0], 1);
@@ -241,6 +258,10 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
         EXPECT_NE(line.find("/f32_stream"), std::string::npos) << line;
       } else if (name == "none") {
         EXPECT_EQ(line.find("/f32_stream"), std::string::npos) << line;
+      }
+      // The tiled blocks of whole-vector rows write their outputs from P V unless told not to.
+      if (c.Lq > 1 && c.Dv % 16 == 0) {
+        EXPECT_EQ(line.find("+out") != std::string::npos, name != "epilogue_out") << line;
       }
     }
     set_plan_tweak(ctx, "none");

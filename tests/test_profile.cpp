@@ -148,7 +148,8 @@ TEST(Profile, VerboseLineNamesTheCallAndTheTargetThatRanIt) {
 // The tiled blocks' K/V unit, as the call record names it: f32 V of whole-vector rows, one row
 // after another, whose blocks lie in one page is read in place by the P V tile (`vin_`); bf16 V,
 // rows of a [B, L, H, D] tensor (H * D apart) and blocks across pages of 16 tokens are packed
-// (kernels/flash/config.cpp, choose_block).
+// (kernels/flash/config.cpp, choose_block). Their f32 outputs of whole-vector rows are written by
+// the last key block's P V tiles (`+out`, BlockPath::out_in_pv).
 TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
   const std::int64_t H = 2, Lq = 24, Lk = 40, D = 64;
   const std::vector<float> q = random_floats(H * Lq * D, 4), k = random_floats(H * Lk * D, 5);
@@ -177,20 +178,20 @@ TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
                            attention(qv, f32_view(k.data(), {1, H, Lk, D}),
                                      f32_view(k.data(), {1, H, Lk, D}), ov, {}, &ctx);
                          }),
-              "tiled=tile_f32+vin_tile_f32");
+              "tiled=tile_f32+vin_tile_f32+out");
     const TensorView kl = TensorView::blhd(k.data(), DType::f32, 1, Lk, H, D);
     EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kl, kl, ov, {}, &ctx); }),
-              "tiled=tile_f32+tile_f32");
+              "tiled=tile_f32+tile_f32+out");
     const TensorView kbv = TensorView::contiguous(kb.data(), DType::bf16, {1, H, Lk, D});
     EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kbv, kbv, ov, {}, &ctx); }),
-              "tiled=tile_f32+tile_f32");
+              "tiled=tile_f32+tile_f32+out");
     for (const std::int64_t P : {16, 128}) {
       SCOPED_TRACE("pages of " + std::to_string(P));
       PagedKvCache pages(4, P, H, D, D, DType::f32);
       const std::vector<std::int64_t> seqs = {pages.add_sequence()};
       pages.append(seqs[0], f32_view(k.data(), {H, Lk, D}), f32_view(k.data(), {H, Lk, D}));
       EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, pages.batch(seqs), ov, {}, &ctx); }),
-                P == 16 ? "tiled=tile_f32+tile_f32" : "tiled=tile_f32+vin_tile_f32");
+                P == 16 ? "tiled=tile_f32+tile_f32+out" : "tiled=tile_f32+vin_tile_f32+out");
     }
   }
 }

@@ -121,7 +121,7 @@ double BlockProbe(std::int64_t reps) {
       throw std::logic_error("BlockProbe: the one-pass tiles refused the probe's block");
     }
     PvBlockTiles<O>(0, rows, s, keys, vp, /*in_place=*/false, 0, keys, keys, nullptr, acc, D,
-                    nothing);
+                    nullptr, nothing);
   }
   volatile float sink = acc[0];
   (void)sink;

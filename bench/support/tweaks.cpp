@@ -23,7 +23,8 @@ struct Tweak {
 // Each keeps the plan valid for any problem: the prefetch budget is any size, the streamed
 // epilogue writes plainly every row that is not whole aligned vectors (epilogue-inl.h), and a
 // tiled block may always pack its f32 V (the P V tile then sums the same products in the same
-// order: config.cpp, choose_block).
+// order: config.cpp, choose_block), and the output epilogue can write any row the P V tiles would
+// (the same product of Acc and the row's scale).
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
@@ -44,6 +45,10 @@ constexpr Tweak kTweaks[] = {
     {"no_scores_k_ahead",
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block) b.scores_k_ahead = false;
+     }},
+    {"epilogue_out",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.out_in_pv = false;
      }},
 };
 

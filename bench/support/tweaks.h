@@ -21,6 +21,8 @@ namespace cpuattn {
 //   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
 //   stream_out   f32 outputs of any size written with non-temporal stores
 //   no_scores_k_ahead  streamed blocks whose K rows P V asked for: the scores do not ask again
+//   epilogue_out  the output epilogue writes every row, also those the f32 P V tiles of the last
+//                 key block would (BlockPath::out_in_pv)
 const std::vector<std::string>& plan_tweak_names();
 // The names as a comma-separated list, for help texts and errors.
 std::string plan_tweak_list();

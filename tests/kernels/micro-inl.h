@@ -75,8 +75,12 @@ bool MicroProbBlock(int rows, const float* q, std::int64_t qs, std::int64_t D, c
 }
 
 void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
-                 std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride) {
-  PvRows<Ops>(R, C, p, p_stride, vp, cw, nk, acc, acc_stride);
+                 std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride,
+                 float* const* out_rows, const float* scale, bool stream) {
+  const PvOut out{out_rows, scale, stream};
+  PvRows<Ops>(R, C, p, p_stride, vp, cw, nk, acc, acc_stride, out_rows == nullptr ? nullptr : &out,
+              0);
+  if (stream) Ops::StreamFence();
 }
 
 void MicroPackKV(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,

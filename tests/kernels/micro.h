@@ -39,9 +39,12 @@ struct MicroKernels {
                      float* s, std::int64_t s_stride, std::int32_t col0, bool masked,
                      const std::int32_t* ends, const void* const* masks, MaskKind kind,
                      std::int64_t mask_stride);
-  // acc[R][C vectors] += P[R][nk] . Vp chunk (vp rows cw floats apart). acc aligned.
+  // acc[R][C vectors] += P[R][nk] . Vp chunk (vp rows cw floats apart). acc aligned. With
+  // out_rows (PvOut, pv-inl.h), row r of the result times scale[r] also goes to out_rows[r][0,
+  // C vectors), non-temporal where `stream` and the row is aligned (fenced before returning).
   void (*pv_tile)(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
-                  std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride);
+                  std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride,
+                  float* const* out_rows, const float* scale, bool stream);
   // Packs keys [j0, j0 + nk) of (b, hk) into Kp panels and Vp chunks (see
   // kernels/flash/driver-inl.h).
   void (*pack_kv)(const Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,

@@ -6,8 +6,10 @@
 // worst element on failure.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <random>
@@ -381,7 +383,31 @@ TEST_P(Micro, ScoreTileMatchesDouble) {
   }
 }
 
-// acc[R][C vectors] += P V over every row count, chunk width and ragged key counts.
+// The output a P V tile writes beside its accumulators (PvOut): row r's columns [0, cw) are
+// acc * scale[r] exactly, in rows at offsets that leave some aligned and some not, and nothing
+// around them is touched.
+namespace {
+void ExpectTileOut(int R, std::int64_t cw, const float* acc, std::int64_t acc_stride,
+                   const std::vector<float>& out, const std::vector<std::int64_t>& at,
+                   const std::vector<float>& scale, const std::string& what) {
+  std::vector<bool> written(out.size(), false);
+  for (int r = 0; r < R; ++r) {
+    for (std::int64_t c = 0; c < cw; ++c) {
+      const float want = acc[r * acc_stride + c] * scale[r];
+      ASSERT_EQ(std::memcmp(&out[at[r] + c], &want, sizeof(float)), 0)
+          << what << " row " << r << " col " << c << ": got " << out[at[r] + c] << " want " << want;
+      written[at[r] + c] = true;
+    }
+  }
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (!written[i]) {
+      ASSERT_EQ(out[i], -7.0f) << what << ": wrote outside the rows, at " << i;
+    }
+}
+}  // namespace
+
+// acc[R][C vectors] += P V over every row count, chunk width and ragged key counts; the same
+// tile with its rows' outputs (PvOut), plain and streamed, to aligned and misaligned rows.
 TEST_P(Micro, PvTileMatchesDouble) {
   const auto& k = mk();
   for (int R = 1; R <= k.pv_rows; ++R) {
@@ -393,7 +419,29 @@ TEST_P(Micro, PvTileMatchesDouble) {
         fill(vp.data(), nk * cw, 19);
         fill(acc.data(), R * acc_stride, 23);
         const std::vector<float> before(acc.data(), acc.data() + R * acc_stride);
-        k.pv_tile(R, C, p.data(), p_stride, vp.data(), cw, nk, acc.data(), acc_stride);
+        for (const bool stream : {false, true}) {
+          // Rows 2 cw + 16 floats apart from a 64-byte boundary, every third one 1 float off.
+          Buf out_buf(R * (2 * cw + 16) + 16);
+          std::vector<float> out(out_buf.v.size() - out_buf.off, -7.0f), scale(R);
+          std::vector<std::int64_t> at(R);
+          std::vector<float*> rows(R);
+          for (int r = 0; r < R; ++r) {
+            at[r] = r * (2 * cw + 16) + (r % 3 == 2 ? 1 : 0);
+            scale[r] = 0.25f + 0.125f * r;
+          }
+          std::copy(before.begin(), before.end(), acc.data());
+          std::copy(out.begin(), out.end(), out_buf.data());
+          for (int r = 0; r < R; ++r) rows[r] = out_buf.data() + at[r];
+          k.pv_tile(R, C, p.data(), p_stride, vp.data(), cw, nk, acc.data(), acc_stride,
+                    rows.data(), scale.data(), stream);
+          std::copy(out_buf.data(), out_buf.data() + out.size(), out.begin());
+          ExpectTileOut(R, cw, acc.data(), acc_stride, out, at, scale,
+                        std::string(stream ? "streamed" : "plain") + " R " + std::to_string(R) +
+                            " C " + std::to_string(C) + " nk " + std::to_string(nk));
+        }
+        std::copy(before.begin(), before.end(), acc.data());
+        k.pv_tile(R, C, p.data(), p_stride, vp.data(), cw, nk, acc.data(), acc_stride, nullptr,
+                  nullptr, false);
         for (int r = 0; r < R; ++r) {
           for (std::int64_t c = 0; c < cw; ++c) {
             double want = before[r * acc_stride + c], mag = std::abs(want);

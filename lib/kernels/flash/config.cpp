@@ -209,6 +209,10 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   } else {
     path.out = p.B * p.H * p.Lq * p.Dv * 4 > kStreamOutBytes ? OutUnit::f32_stream : OutUnit::f32;
   }
+  // The tiles write f32 rows, streamed or not (docs/performance.md#dm-out-in-pv).
+  const bool f32_out = path.out == OutUnit::f32 || path.out == OutUnit::f32_stream;
+  for (BlockPath& b : path.block)
+    b.out_in_pv = f32_out && b.pv == PvUnit::tile_f32 && p.Dv % fk.lanes == 0;
   return pl;
 }
 
@@ -229,7 +233,7 @@ std::string path_name(const FlashPath& path) {
          (b.kv == KvUnit::v_packed   ? "vpacked_"
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
-         kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "");
+         kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") + (b.out_in_pv ? "+out" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

@@ -73,6 +73,11 @@ struct BlockPath {
   // them already. Always chosen; `cpuattn bench --tweak no_scores_k_ahead` times the second ask
   // against the plan (a CPU-dependent trade: docs/performance.md#dm-scores-k-ahead).
   bool scores_k_ahead = true;
+  // The P V tiles of a query block's last key block write its rows' outputs (PvOut,
+  // pv-inl.h), and the output epilogue only their lse: f32 tiles (PvUnit::tile_f32) with out f32
+  // or f32_stream and Dv whole vectors. The exact rerun (non-finite Acc) writes through the
+  // epilogue.
+  bool out_in_pv = false;
   // Tiled blocks: K/V packed into panels and chunks, scores in tiles of rows.
   CPUATTN_ALWAYS_INLINE bool tiled() const {
     return score == ScoreUnit::tile_f32 || score == ScoreUnit::tile_bf16 ||
@@ -157,7 +162,7 @@ std::string path_name(const FlashPath& path);
 //   rm                     one RowMask (<= 32 bytes) per row
 //   KV                     packed K/V blocks: all of the task's when it keeps them, else one
 struct TaskScratch {
-  std::size_t qp, qp_stride, s, pb, acc, m, l, rm, kv, total;
+  std::size_t qp, qp_stride, s, pb, acc, m, l, rm, out_rows, out_scale, kv, total;
   CPUATTN_ALWAYS_INLINE TaskScratch(const Problem& p, const Plan& pl, std::int64_t task_keys,
                                     std::int64_t block_keys, std::int64_t dv_padded,
                                     bool keep_packed) {
@@ -172,6 +177,10 @@ struct TaskScratch {
     m = take(rows);
     l = take(rows * 16);
     rm = take(rows * 8);
+    constexpr std::size_t kPointerBytes = sizeof(float*), kFloatBytes = sizeof(float);
+    static_assert(kPointerBytes % kFloatBytes == 0);
+    out_rows = take(rows * (kPointerBytes / kFloatBytes));
+    out_scale = take(rows);
     const std::int64_t blocks = keep_packed ? (task_keys + block_keys - 1) / block_keys : 1;
     kv = take(static_cast<std::size_t>(blocks * block_keys * (p.D + dv_padded)));
   }

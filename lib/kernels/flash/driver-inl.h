@@ -151,6 +151,8 @@ struct TaskBuffers {
   std::int64_t qs;  // Qp row stride
   float *s, *acc, *m, *l, *kv;
   RowMask* rm;
+  float** out_rows;  // BlockPath::out_in_pv: each row's out row and scale (PvOut)
+  float* out_scale;
   std::uint16_t* pb;
   std::int64_t packed_blocks = 0;  // with keep_packed: K/V blocks [0, packed_blocks) are ready
   InputsAhead ahead;               // what the task reads next (RunTask)
@@ -172,6 +174,8 @@ CPUATTN_ALWAYS_INLINE TaskBuffers LayOutTask(const detail::Problem& p, const det
   tb.l = base + ts.l;
   tb.kv = base + ts.kv;
   tb.rm = reinterpret_cast<RowMask*>(base + ts.rm);
+  tb.out_rows = reinterpret_cast<float**>(base + ts.out_rows);
+  tb.out_scale = base + ts.out_scale;
   tb.pb = reinterpret_cast<std::uint16_t*>(base + ts.pb);
   return tb;
 }
@@ -483,10 +487,13 @@ CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g
 }
 
 // PvUnit: Acc rows [hr.lo, hr.hi) += P V over the key block; with BlockPath::k_ahead the
-// streamed units prefetch the K rows the scores read next as they go (KeyAheadOf).
+// streamed units prefetch the K rows the scores read next as they go (KeyAheadOf). With `out`
+// (BlockPath::out_in_pv, the query block's last key block), the f32 tiles write the rows'
+// outputs too.
 template <class O, bool kNative>
 void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
-             const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, TaskBuffers& tb) {
+             const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, TaskBuffers& tb,
+             const PvOut* out) {
   using detail::PvUnit;
   float* acc = tb.acc;
   // The K rows the scores read next: the next K/V head's of this block (a paged task's heads go
@@ -507,7 +514,7 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
                                 : kb.vp;
       // A block that some row does not see whole has its row masks set (RunKeyBlocks).
       PvBlockTiles<O>(hr.lo, hr.hi, tb.s, g.Nk, v, in_place, p.v.s[2], kb.nk, kb.nk_live,
-                      kb.clean() ? nullptr : tb.rm, acc, g.DvP, [&] { tb.ahead.Drip(p); });
+                      kb.clean() ? nullptr : tb.rm, acc, g.DvP, out, [&] { tb.ahead.Drip(p); });
       return;
     }
     case PvUnit::tile_bf16:
@@ -546,15 +553,37 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
   }
 }
 
+// Row r's softmax state (head h): its running max, sum and the head's sink.
+template <class O>
+CPUATTN_ALWAYS_INLINE detail::RowState RowStateOf(const detail::Problem& p, const TaskBuffers& tb,
+                                                  std::int64_t r, std::int64_t h) {
+  return {tb.m[r], O::ReduceSum(O::Load(tb.l + r * O::kLanes)),
+          static_cast<float>(p.sink(h) * detail::kLog2e)};
+}
+
+// BlockPath::out_in_pv: the out rows and scales of rows [hr.lo, hr.hi) for the P V tiles of the
+// query block's last key block, whose softmax has made m and l final.
+template <class O>
+PvOut SetOutRows(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                 const HeadRows& hr, detail::OutUnit unit, const TaskBuffers& tb) {
+  detail::ForQueryRows(q.pos0, tc.h0, tc.nh, hr.lo, hr.hi,
+                       [&](std::int64_t r, std::int64_t i, std::int64_t h) {
+                         tb.out_scale[r] = RowStateOf<O>(p, tb, r, h).out_scale();
+                         tb.out_rows[r] = static_cast<float*>(p.out) + OutRowOffset(p, tc.b, h, i);
+                       });
+  return {tb.out_rows, tb.out_scale, unit == detail::OutUnit::f32_stream};
+}
+
 // The query block's key blocks folded into each row's m, l and Acc. exact_pv: P V skips the
 // keys of weight 0 (PvSkipZero), for a block whose first run met a non-finite value in a key it
 // excludes. With several K/V heads (paged decoding) the heads run one after another through the
 // same block, so each page's [Hkv, P, D] is read front to back and a head's V rows are used while
-// the prefetch has them in L2.
+// the prefetch has them in L2. True if the last key block's P V wrote the rows' outputs
+// (BlockPath::out_in_pv, not with exact_pv; `out` is the call's output unit).
 template <class O, bool kNative>
-void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
-                  const Geometry<O>& g, const MaskInfo& mi, TaskBuffers& tb, bool exact_pv,
-                  detail::PhaseClock& clock) {
+bool RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
+                  const Geometry<O>& g, const MaskInfo& mi, TaskBuffers& tb, detail::OutUnit out,
+                  bool exact_pv, detail::PhaseClock& clock) {
   constexpr int N = O::kLanes;
   for (int r = 0; r < q.rows; ++r) {
     tb.m[r] = -std::numeric_limits<float>::infinity();
@@ -562,6 +591,7 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
   }
   std::fill(tb.acc, tb.acc + q.rows * g.DvP, 0.0f);
   const bool tiled = q.path.tiled();
+  bool written = false;
   for (std::int64_t kb0 = q.kb_first; kb0 < q.end_hi; kb0 += g.Nk) {
     const KeyBlock kb = LoadKeyBlock<O, kNative>(p, tc, q, g, kb0, tb);
     clock.lap(Phase::pack_kv);
@@ -584,8 +614,12 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
       if (exact_pv) {
         PvSkipZero<O>(p, tc.b, hr.head, kb0, kb.nk_live, hr.hi - hr.lo, tb.s + hr.lo * g.Nk, g.Nk,
                       tb.acc + hr.lo * g.DvP, g.DvP);
+      } else if (q.path.out_in_pv && kb0 + g.Nk >= q.end_hi) {
+        const PvOut rows_out = SetOutRows<O>(p, tc, q, hr, out, tb);
+        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb, &rows_out);
+        written = true;
       } else {
-        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb);
+        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb, nullptr);
       }
       tb.ahead.Next(p);
       clock.lap(Phase::pv);
@@ -594,23 +628,28 @@ void RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
   if constexpr (kNative) {
     if (q.path.permuted() && !exact_pv) Bf16Stream<O>::UnpermuteAcc(tb.acc, q.rows, g.DvP, g.Dv);
   }
+  return written;
 }
 
 // The output epilogue of the query block's rows: normalised into out (and lse), or the
-// unnormalised state into the split-key partials.
+// unnormalised state into the split-key partials; only the lse where the P V tiles wrote the
+// rows (`rows_written`, BlockPath::out_in_pv).
 template <class O>
 void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const TaskCoords& tc,
-                     const QueryBlock& q, const Geometry<O>& g, const TaskBuffers& tb) {
-  detail::ForQueryRows(
-      q.pos0, tc.h0, tc.nh, 0, q.rows, [&](std::int64_t r, std::int64_t i, std::int64_t h) {
-        const detail::RowState st{tb.m[r], O::ReduceSum(O::Load(tb.l + r * O::kLanes)),
-                                  static_cast<float>(p.sink(h) * detail::kLog2e)};
-        if (pl.path.out == detail::OutUnit::partials) {
-          WritePartial(p, pl, st, tb.acc + r * g.DvP, tc.b, h, i, tc.ks);
-        } else {
-          WriteRow<O>(p, pl.path.out, st, tb.acc + r * g.DvP, tc.b, h, i);
-        }
-      });
+                     const QueryBlock& q, const Geometry<O>& g, const TaskBuffers& tb,
+                     bool rows_written) {
+  if (rows_written && p.lse == nullptr) return;
+  detail::ForQueryRows(q.pos0, tc.h0, tc.nh, 0, q.rows,
+                       [&](std::int64_t r, std::int64_t i, std::int64_t h) {
+                         const detail::RowState st = RowStateOf<O>(p, tb, r, h);
+                         if (rows_written) {
+                           WriteLse(p, st, tc.b, h, i);
+                         } else if (pl.path.out == detail::OutUnit::partials) {
+                           WritePartial(p, pl, st, tb.acc + r * g.DvP, tc.b, h, i, tc.ks);
+                         } else {
+                           WriteRow<O>(p, pl.path.out, st, tb.acc + r * g.DvP, tc.b, h, i);
+                         }
+                       });
 }
 
 // The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the
@@ -677,11 +716,11 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
     tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     clock.lap(Phase::pack_q);
     SetRowSlopes(p, tc, q, mi, tb.rm);
-    RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, false, clock);
+    bool written = RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, pl.path.out, false, clock);
     if (!AccFinite<O>(tb.acc, q.rows * g.DvP))
-      RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, true, clock);
+      written = RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, pl.path.out, true, clock);
     tb.ahead.Rest(p);
-    WriteQueryBlock<O>(p, pl, tc, q, g, tb);
+    WriteQueryBlock<O>(p, pl, tc, q, g, tb, written);
     clock.lap(Phase::output);
   }
   // Non-temporal stores are weakly ordered: complete them before the task reports done.

@@ -21,6 +21,19 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// Where row (b, h, i) of out starts, in out's elements.
+CPUATTN_ALWAYS_INLINE std::int64_t OutRowOffset(const detail::Problem& p, std::int64_t b,
+                                                std::int64_t h, std::int64_t i) {
+  return b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+}
+
+// lse of row (b, h, i) = st.lse(), where the call asked for it.
+CPUATTN_ALWAYS_INLINE void WriteLse(const detail::Problem& p, const detail::RowState& st,
+                                    std::int64_t b, std::int64_t h, std::int64_t i) {
+  if (p.lse != nullptr)
+    static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();
+}
+
 // Row (b, h, i): out = arow[0, Dv) * st.out_scale() in out's dtype (bf16/f16 rounded to nearest
 // even), and lse = st.lse() where the call asked for it. arow is vector-aligned. OutUnit::
 // f32_stream writes with non-temporal stores where the row is whole aligned vectors (the task
@@ -29,7 +42,7 @@ template <class O>
 void WriteRow(const detail::Problem& p, detail::OutUnit unit, const detail::RowState& st,
               const float* arow, std::int64_t b, std::int64_t h, std::int64_t i) {
   constexpr int N = O::kLanes;
-  const std::int64_t out_off = b * p.out_s[0] + h * p.out_s[1] + i * p.out_s[2];
+  const std::int64_t out_off = OutRowOffset(p, b, h, i);
   const float scale = st.out_scale();
   const typename O::V vscale = O::Set(scale);
   if (unit == detail::OutUnit::narrow) {
@@ -52,8 +65,7 @@ void WriteRow(const detail::Problem& p, detail::OutUnit unit, const detail::RowS
   } else {
     for (std::int64_t d = 0; d < p.Dv; ++d) dst[d] = arow[d] * scale;
   }
-  if (p.lse != nullptr)
-    static_cast<float*>(p.lse)[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = st.lse();
+  WriteLse(p, st, b, h, i);
 }
 
 // Row (b, h, i) of key split ks: (m, l, arow[0, Dv)) unnormalised, for the merge.

@@ -46,16 +46,28 @@ CPUATTN_ALWAYS_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, st
   return nv;
 }
 
+// Where the P V tiles of a query block's last key block also write their rows' outputs
+// (BlockPath::out_in_pv): row r of the block goes to rows[r] as Acc * scale[r], through
+// non-temporal stores where `stream` and the row is vector-aligned. The tile that completes a
+// part of a row writes it while its accumulators are in registers, so the output's stores run
+// beside the next tile's FMAs instead of in a pass of their own after the block.
+struct PvOut {
+  float* const* rows;
+  const float* scale;
+  bool stream;
+};
+
 // Acc[R][0:C vectors] += P[R][keys of the runs] . V[those keys][c0 : c0 + C vectors]. R * C
 // accumulators in registers across all runs (loaded and stored once per block, not once per
 // 16-key page: at R = 4, C = 4 that was 32 memory operations per 256 FMAs); each key costs C
 // loads, R broadcasts and R*C FMAs. V is f32 (packed, or in place) or, in place for decode, a
-// reduced-precision TV widened as it is loaded.
+// reduced-precision TV widened as it is loaded. With `out` (rows of this tile from out->rows[0]),
+// the finished rows' columns [oc, oc + C vectors) are written there as well.
 template <class O, int R, int C, class TV = float>
 CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t p_stride,
                                   const VRun<TV>* runs, int nruns, std::int64_t c0,
                                   std::int64_t v_stride, float* CPUATTN_RESTRICT acc_out,
-                                  std::int64_t acc_stride) {
+                                  std::int64_t acc_stride, const PvOut* out, std::int64_t oc) {
   using V = typename O::V;
   constexpr int N = O::kLanes;
   V acc[R][C];
@@ -72,16 +84,29 @@ CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t 
     CPUATTN_UNROLL(16)
     for (int c = 0; c < C; ++c) O::Store(acc[r][c], acc_out + r * acc_stride + c * N);
   }
+  if (out == nullptr) return;
+  for (int r = 0; r < R; ++r) {
+    float* dst = out->rows[r] + oc;
+    const V scale = O::Set(out->scale[r]);
+    if (out->stream && reinterpret_cast<std::uintptr_t>(dst) % (N * sizeof(float)) == 0) {
+      CPUATTN_UNROLL(16)
+      for (int c = 0; c < C; ++c) O::Stream(O::Mul(acc[r][c], scale), dst + c * N);
+    } else {
+      CPUATTN_UNROLL(16)
+      for (int c = 0; c < C; ++c) O::StoreU(O::Mul(acc[r][c], scale), dst + c * N);
+    }
+  }
 }
 
 template <class O, int C, class TV>
 void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
-             std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride) {
+             std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride,
+             const PvOut* out, std::int64_t oc) {
   switch (R) {
-#define CPUATTN_PV_CASE(n)                                                          \
-  case n:                                                                           \
-    if constexpr (n <= O::kPvRows)                                                  \
-      PvTile<O, n, C, TV>(p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride); \
+#define CPUATTN_PV_CASE(n)                                                                   \
+  case n:                                                                                    \
+    if constexpr (n <= O::kPvRows)                                                           \
+      PvTile<O, n, C, TV>(p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc); \
     break;
     CPUATTN_PV_CASE(1)
     CPUATTN_PV_CASE(2)
@@ -97,26 +122,28 @@ void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs,
   }
 }
 
-// R rows' accumulators [acc, acc + C vectors) (columns c0 on of V) += P . V over the runs.
+// R rows' accumulators [acc, acc + C vectors) (columns c0 on of V) += P . V over the runs; with
+// `out`, also their outputs' columns [oc, oc + C vectors) (PvOut).
 template <class O, class TV = float>
 void PvRows(int R, int C, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
-            std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride) {
+            std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride,
+            const PvOut* out = nullptr, std::int64_t oc = 0) {
   static_assert(O::kPvRows <= 8 && O::kPvCols <= 4, "extend the switches");
   switch (C) {
     case 1:
-      PvRowsC<O, 1, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
+      PvRowsC<O, 1, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 2:
       if constexpr (O::kPvCols >= 2)
-        PvRowsC<O, 2, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
+        PvRowsC<O, 2, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 3:
       if constexpr (O::kPvCols >= 3)
-        PvRowsC<O, 3, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
+        PvRowsC<O, 3, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 4:
       if constexpr (O::kPvCols >= 4)
-        PvRowsC<O, 4, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride);
+        PvRowsC<O, 4, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     default:
       break;
@@ -126,9 +153,10 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const VRun<TV>*
 // One run of nk keys: P[R][0:nk] . vp[nk][0:C vectors], rows `cw` elements apart.
 template <class O, class TV = float>
 void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, std::int64_t cw,
-            std::int64_t nk, float* acc, std::int64_t acc_stride) {
+            std::int64_t nk, float* acc, std::int64_t acc_stride, const PvOut* out = nullptr,
+            std::int64_t oc = 0) {
   const VRun<TV> one{vp, 0, nk};
-  PvRows<O, TV>(R, C, p, p_stride, &one, 1, 0, cw, acc, acc_stride);
+  PvRows<O, TV>(R, C, p, p_stride, &one, 1, 0, cw, acc, acc_stride, out, oc);
 }
 
 // PvUnit::tile_f32: Acc rows [r_lo, r_hi) += P . V over a block of nk keys (the first nk_live of
@@ -136,12 +164,14 @@ void PvRows(int R, int C, const float* p, std::int64_t p_stride, const TV* vp, s
 // vp, or with `in_place` f32 rows v_stride apart from vp (KvUnit::k_packed): the same tiles over
 // the same keys either way. With the rows' masks `rm` (a block some row does not see whole), a
 // tile stops at the last key its rows see: the keys after it have weight 0 in every row (a
-// causal block on the diagonal skips about half its products). between() runs after each tile,
-// as in ScoreBlockTiles.
+// causal block on the diagonal skips about half its products). With `out` (the block's rows
+// from row 0; the key block that completes them), each tile writes its rows' outputs too
+// (PvOut). between() runs after each tile, as in ScoreBlockTiles.
 template <class O, class Between>
 void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, const float* vp,
                   bool in_place, std::int64_t v_stride, std::int64_t nk, std::int64_t nk_live,
-                  const RowMask* rm, float* acc, std::int64_t dvp, const Between& between) {
+                  const RowMask* rm, float* acc, std::int64_t dvp, const PvOut* out,
+                  const Between& between) {
   constexpr int CW = O::kPvCols * O::kLanes;
   for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
     const std::int64_t cw = std::min<std::int64_t>(CW, dvp - c0);
@@ -152,8 +182,10 @@ void PvBlockTiles(int r_lo, int r_hi, const float* s, std::int64_t s_stride, con
       const std::int64_t keys =
           rm == nullptr ? nk_live
                         : std::clamp<std::int64_t>(SeenKeysOf(R, rm + r0).end, 0, nk_live);
+      const PvOut tile_out =
+          out == nullptr ? PvOut{} : PvOut{out->rows + r0, out->scale + r0, out->stream};
       PvRows<O>(R, static_cast<int>(cw / O::kLanes), s + r0 * s_stride, s_stride, vchunk, vs, keys,
-                acc + r0 * dvp + c0, dvp);
+                acc + r0 * dvp + c0, dvp, out == nullptr ? nullptr : &tile_out, c0);
       between();
     }
   }
