@@ -155,8 +155,9 @@ TEST_F(Cli, BenchLayoutBlhdTimesStridedViews) {
     for (const auto& line : lines_of(r.err)) {
       if (line.rfind("cpuattn_verbose,attention,", 0) != 0) continue;
       ++calls;
-      EXPECT_EQ(line.find("tiled=tile_f32+vin_tile_f32+out/") != std::string::npos, !blhd) << line;
-      EXPECT_EQ(line.find("tiled=tile_f32+tile_f32+out/") != std::string::npos, blhd) << line;
+      EXPECT_EQ(line.find("tiled=tile_f32_qin+vin_tile_f32+out/") != std::string::npos, !blhd)
+          << line;
+      EXPECT_EQ(line.find("tiled=tile_f32_qin+tile_f32+out/") != std::string::npos, blhd) << line;
     }
     EXPECT_EQ(calls, 2) << r.err;  // the warm-up and the timed run
   }

@@ -145,53 +145,79 @@ TEST(Profile, VerboseLineNamesTheCallAndTheTargetThatRanIt) {
   EXPECT_TRUE(later.take().empty());
 }
 
+// The tiled kind of the one call `call` makes, as its verbose line names it ("tiled=...").
+template <class Call>
+std::string TiledPathOf(Call&& call) {
+  ProfileSession session;
+  call();
+  const std::vector<CallProfile> calls = session.take();
+  EXPECT_EQ(calls.size(), 1u);
+  if (calls.empty()) return std::string();
+  const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
+  const auto at = path.find("tiled=");
+  EXPECT_NE(at, std::string::npos) << path;
+  return at == std::string::npos ? path : path.substr(at, path.find_first_of(";/", at) - at);
+}
+
 // The tiled blocks' K/V unit, as the call record names it: f32 V of whole-vector rows, one row
 // after another, whose blocks lie in one page is read in place by the P V tile (`vin_`); bf16 V,
 // rows of a [B, L, H, D] tensor (H * D apart) and blocks across pages of 16 tokens are packed
 // (kernels/flash/config.cpp, choose_block). Their f32 outputs of whole-vector rows are written by
-// the last key block's P V tiles (`+out`, BlockPath::out_in_pv).
+// the last key block's P V tiles (`+out`, BlockPath::out_in_pv), and their f32 Q rows, one
+// head per block, are read in place (`_qin`, QUnit::f32_in_place).
 TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
   const std::int64_t H = 2, Lq = 24, Lk = 40, D = 64;
   const std::vector<float> q = random_floats(H * Lq * D, 4), k = random_floats(H * Lk * D, 5);
   std::vector<std::uint16_t> kb(k.size());
   for (std::size_t i = 0; i < k.size(); ++i) kb[i] = to_bf16(k[i]);
   std::vector<float> out(H * Lq * D);
-  const auto tiled_path = [&](Context& ctx, auto&& call) {
-    ProfileSession session;
-    call();
-    const std::vector<CallProfile> calls = session.take();
-    EXPECT_EQ(calls.size(), 1u);
-    if (calls.empty()) return std::string();
-    const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
-    const auto at = path.find("tiled=");
-    EXPECT_NE(at, std::string::npos) << path;
-    return at == std::string::npos ? path : path.substr(at, path.find_first_of(";/", at) - at);
-  };
   for (const auto& be : test::machine_backends()) {
     SCOPED_TRACE(be.name());
     Context ctx(1);
     be.apply(ctx);
     const TensorView qv = f32_view(q.data(), {1, H, Lq, D});
     const OutputView ov = f32_view(out.data(), {1, H, Lq, D});
-    EXPECT_EQ(tiled_path(ctx,
-                         [&] {
-                           attention(qv, f32_view(k.data(), {1, H, Lk, D}),
-                                     f32_view(k.data(), {1, H, Lk, D}), ov, {}, &ctx);
-                         }),
-              "tiled=tile_f32+vin_tile_f32+out");
+    EXPECT_EQ(TiledPathOf([&] {
+                attention(qv, f32_view(k.data(), {1, H, Lk, D}), f32_view(k.data(), {1, H, Lk, D}),
+                          ov, {}, &ctx);
+              }),
+              "tiled=tile_f32_qin+vin_tile_f32+out");
     const TensorView kl = TensorView::blhd(k.data(), DType::f32, 1, Lk, H, D);
-    EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kl, kl, ov, {}, &ctx); }),
-              "tiled=tile_f32+tile_f32+out");
+    EXPECT_EQ(TiledPathOf([&] { attention(qv, kl, kl, ov, {}, &ctx); }),
+              "tiled=tile_f32_qin+tile_f32+out");
     const TensorView kbv = TensorView::contiguous(kb.data(), DType::bf16, {1, H, Lk, D});
-    EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, kbv, kbv, ov, {}, &ctx); }),
-              "tiled=tile_f32+tile_f32+out");
+    EXPECT_EQ(TiledPathOf([&] { attention(qv, kbv, kbv, ov, {}, &ctx); }),
+              "tiled=tile_f32_qin+tile_f32+out");
     for (const std::int64_t P : {16, 128}) {
       SCOPED_TRACE("pages of " + std::to_string(P));
       PagedKvCache pages(4, P, H, D, D, DType::f32);
       const std::vector<std::int64_t> seqs = {pages.add_sequence()};
       pages.append(seqs[0], f32_view(k.data(), {H, Lk, D}), f32_view(k.data(), {H, Lk, D}));
-      EXPECT_EQ(tiled_path(ctx, [&] { attention(qv, pages.batch(seqs), ov, {}, &ctx); }),
-                P == 16 ? "tiled=tile_f32+tile_f32+out" : "tiled=tile_f32+vin_tile_f32+out");
+      EXPECT_EQ(
+          TiledPathOf([&] { attention(qv, pages.batch(seqs), ov, {}, &ctx); }),
+          P == 16 ? "tiled=tile_f32_qin+tile_f32+out" : "tiled=tile_f32_qin+vin_tile_f32+out");
+    }
+  }
+}
+
+// Q is read in place only where a block's rows are rows of Q: one query head per block over an
+// f32 Q. Blocks that fold a group's heads (GQA) copy their rows into Qp, scaled.
+TEST(Profile, TiledBlocksReadQInPlaceOnlyForOneHeadPerBlock) {
+  const std::int64_t Lq = 40, Lk = 40, D = 32;
+  const std::vector<float> q = random_floats(4 * Lq * D, 6), k = random_floats(4 * Lk * D, 7);
+  std::vector<float> out(q.size());
+  for (const auto& be : test::machine_backends()) {
+    SCOPED_TRACE(be.name());
+    Context ctx(1);
+    be.apply(ctx);
+    for (const std::int64_t Hkv : {4, 2, 1}) {
+      SCOPED_TRACE("Hkv " + std::to_string(Hkv));
+      const std::string path = TiledPathOf([&] {
+        attention(f32_view(q.data(), {1, 4, Lq, D}), f32_view(k.data(), {1, Hkv, Lk, D}),
+                  f32_view(k.data(), {1, Hkv, Lk, D}), f32_view(out.data(), {1, 4, Lq, D}), {},
+                  &ctx);
+      });
+      EXPECT_EQ(path.rfind(Hkv == 4 ? "tiled=tile_f32_qin+" : "tiled=tile_f32+", 0), 0u) << path;
     }
   }
 }

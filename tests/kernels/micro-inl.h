@@ -84,8 +84,8 @@ void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const floa
 }
 
 void MicroPackKV(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
-                 std::int64_t nk, float* kp, float* vp) {
-  PackKV<Ops>(p, Geometry<Ops>(p, Ops::kBlockKeys), b, hk, j0, nk, kp, vp);
+                 std::int64_t nk, float kscale, float* kp, float* vp) {
+  PackKV<Ops>(p, Geometry<Ops>(p, Ops::kBlockKeys), b, hk, j0, nk, kscale, kp, vp);
 }
 
 void MicroSoftmaxRow(float* srow, std::int64_t ncols, float* m, float* lrow, float* arow,

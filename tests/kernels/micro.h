@@ -45,10 +45,10 @@ struct MicroKernels {
   void (*pv_tile)(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
                   std::int64_t cw, std::int64_t nk, float* acc, std::int64_t acc_stride,
                   float* const* out_rows, const float* scale, bool stream);
-  // Packs keys [j0, j0 + nk) of (b, hk) into Kp panels and Vp chunks (see
-  // kernels/flash/driver-inl.h).
+  // Packs keys [j0, j0 + nk) of (b, hk) into Kp panels, times kscale, and Vp chunks (see
+  // kernels/flash/kv_pack-inl.h).
   void (*pack_kv)(const Problem& p, std::int64_t b, std::int64_t hk, std::int64_t j0,
-                  std::int64_t nk, float* kp, float* vp);
+                  std::int64_t nk, float kscale, float* kp, float* vp);
   // One online-softmax step of a row (flash softmax-inl.h); lrow holds lanes partial sums.
   void (*softmax_row)(float* srow, std::int64_t ncols, float* m, float* lrow, float* arow,
                       std::int64_t dvp);

@@ -461,50 +461,54 @@ TEST_P(Micro, PvTileMatchesDouble) {
   }
 }
 
-// Kp[panel][d][w] = K[j0 + panel W + w][d] and Vp[chunk][key][c] = V[j0 + key][c0 + c], zero past
+// Kp[panel][d][w] = K[j0 + panel W + w][d] x kscale (one f32 rounding; kscale 1, and the
+// scale x log2 e of QUnit::f32_in_place) and Vp[chunk][key][c] = V[j0 + key][c0 + c], zero past
 // the keys and past Dv, for ragged key counts, odd D/Dv and strided, misaligned K/V.
 TEST_P(Micro, PackKVIsExactWithRaggedEdges) {
   const auto& k = mk();
   const std::int64_t W = k.score_cols * k.lanes, CW = k.pv_cols * k.lanes;
-  for (std::int64_t D : {1, 5, 17, 67}) {
-    for (std::int64_t Dv : {1, 3, 16, 33}) {
-      for (std::int64_t nk : {std::int64_t{1}, W - 1, W + 3, k.block_keys}) {
-        const std::int64_t Lk = nk + 9, j0 = 4;
-        const std::int64_t ks = D + 3, vs = Dv + 5;  // row strides (a padded [Lk, D] layout)
-        Buf K(Lk * ks, 1), V(Lk * vs, 3);
-        fill(K.data(), Lk * ks, 29);
-        fill(V.data(), Lk * vs, 31);
-        detail::Problem p;
-        p.B = 1, p.H = 1, p.Hkv = 1, p.Lq = 1, p.Lk = Lk, p.D = D, p.Dv = Dv;
-        p.k.data = K.data();
-        p.k.s[2] = ks;
-        p.v.data = V.data();
-        p.v.s[2] = vs;
-        const std::int64_t panels = (nk + W - 1) / W, dvp = (Dv + k.lanes - 1) / k.lanes * k.lanes;
-        Buf kp(panels * W * D + 64), vp(nk * dvp + 64);
-        std::fill(kp.v.begin(), kp.v.end(), 7.0f);
-        std::fill(vp.v.begin(), vp.v.end(), 7.0f);
-        k.pack_kv(p, 0, 0, j0, nk, kp.data(), vp.data());
-        for (std::int64_t pi = 0; pi < panels; ++pi)
-          for (std::int64_t d = 0; d < D; ++d)
-            for (std::int64_t w = 0; w < W; ++w) {
-              const std::int64_t key = pi * W + w;
-              const float want = key < nk ? K.data()[(j0 + key) * ks + d] : 0.0f;
-              ASSERT_EQ(kp.data()[(pi * D + d) * W + w], want)
-                  << "D " << D << " nk " << nk << " panel " << pi << " d " << d << " w " << w;
-            }
-        for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
-          const std::int64_t cw = std::min(CW, dvp - c0);
-          for (std::int64_t key = 0; key < nk; ++key)
-            for (std::int64_t c = 0; c < cw; ++c) {
-              const float want = c0 + c < Dv ? V.data()[(j0 + key) * vs + c0 + c] : 0.0f;
-              ASSERT_EQ(vp.data()[c0 * nk + key * cw + c], want)
-                  << "Dv " << Dv << " nk " << nk << " chunk " << c0 << " key " << key;
-            }
+  for (const float kscale : {1.0f, 0.18033688f})
+    for (std::int64_t D : {1, 5, 17, 67}) {
+      for (std::int64_t Dv : {1, 3, 16, 33}) {
+        for (std::int64_t nk : {std::int64_t{1}, W - 1, W + 3, k.block_keys}) {
+          const std::int64_t Lk = nk + 9, j0 = 4;
+          const std::int64_t ks = D + 3, vs = Dv + 5;  // row strides (a padded [Lk, D] layout)
+          Buf K(Lk * ks, 1), V(Lk * vs, 3);
+          fill(K.data(), Lk * ks, 29);
+          fill(V.data(), Lk * vs, 31);
+          detail::Problem p;
+          p.B = 1, p.H = 1, p.Hkv = 1, p.Lq = 1, p.Lk = Lk, p.D = D, p.Dv = Dv;
+          p.k.data = K.data();
+          p.k.s[2] = ks;
+          p.v.data = V.data();
+          p.v.s[2] = vs;
+          const std::int64_t panels = (nk + W - 1) / W,
+                             dvp = (Dv + k.lanes - 1) / k.lanes * k.lanes;
+          Buf kp(panels * W * D + 64), vp(nk * dvp + 64);
+          std::fill(kp.v.begin(), kp.v.end(), 7.0f);
+          std::fill(vp.v.begin(), vp.v.end(), 7.0f);
+          k.pack_kv(p, 0, 0, j0, nk, kscale, kp.data(), vp.data());
+          for (std::int64_t pi = 0; pi < panels; ++pi)
+            for (std::int64_t d = 0; d < D; ++d)
+              for (std::int64_t w = 0; w < W; ++w) {
+                const std::int64_t key = pi * W + w;
+                const float want = key < nk ? K.data()[(j0 + key) * ks + d] * kscale : 0.0f;
+                ASSERT_EQ(kp.data()[(pi * D + d) * W + w], want)
+                    << "kscale " << kscale << " D " << D << " nk " << nk << " panel " << pi << " d "
+                    << d << " w " << w;
+              }
+          for (std::int64_t c0 = 0; c0 < dvp; c0 += CW) {
+            const std::int64_t cw = std::min(CW, dvp - c0);
+            for (std::int64_t key = 0; key < nk; ++key)
+              for (std::int64_t c = 0; c < cw; ++c) {
+                const float want = c0 + c < Dv ? V.data()[(j0 + key) * vs + c0 + c] : 0.0f;
+                ASSERT_EQ(vp.data()[c0 * nk + key * cw + c], want)
+                    << "Dv " << Dv << " nk " << nk << " chunk " << c0 << " key " << key;
+              }
+          }
         }
       }
     }
-  }
 }
 
 // Three blocks through the online softmax: the final state must be m = max, l = sum 2^(s - m),

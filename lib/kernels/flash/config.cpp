@@ -199,6 +199,13 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   for (int k = 0; k < kBlockKinds; ++k)
     path.block[k] =
         choose_block(p, choice, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
+  // A block of one query head reads f32 Q in place: its rows are Q's rows, stride q.s[2]
+  // (docs/performance.md#dm-q-in-place).
+  const bool q_rows_in_place =
+      p.q.dtype == DType::f32 && pl.heads_per_block == 1 && pl.kv_heads_per_task == 1;
+  for (BlockPath& b : path.block)
+    if (q_rows_in_place && b.q == QUnit::f32 && b.score == ScoreUnit::tile_f32)
+      b.q = QUnit::f32_in_place;
   path.kinds = kinds_met(p, pl);
   for (int k = 0; k < kBlockKinds; ++k)
     path.q_hilo |= ((path.kinds >> k) & 1) != 0 && path.block[k].q == QUnit::f32_hilo;
@@ -229,7 +236,10 @@ std::string path_name(const FlashPath& path) {
     const BlockPath& b = path.block[k];
     s += first ? "" : ";";
     s += std::string(kKind[k]) + "=" + kScore[static_cast<int>(b.score)] +
-         (b.q == QUnit::f32_hilo ? "_hilo" : "") + "+" +
+         (b.q == QUnit::f32_hilo       ? "_hilo"
+          : b.q == QUnit::f32_in_place ? "_qin"
+                                       : "") +
+         "+" +
          (b.kv == KvUnit::v_packed   ? "vpacked_"
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +

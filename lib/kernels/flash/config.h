@@ -35,6 +35,9 @@ inline constexpr int kBlockKinds = 3;
 //   QUnit      f32       Q rows scaled by scale * log2 e (q_pack-inl.h)
 //              bf16      Q rows copied as bf16 pairs (x86/bf16_tile-inl.h)
 //              f32_hilo  f32 rows plus each row split into bf16 hi + lo (x86/bf16_stream-inl.h)
+//              f32_in_place  f32 Q rows read where they are by the f32 tiles, K's panels
+//                        packed times scale * log2 e instead (plan_flash: one query head per
+//                        block, f32 Q)
 //   KvUnit     packed_f32   K panels and V chunks in f32 (kv_pack-inl.h)
 //              packed_bf16  K panels and V chunks as bf16 pairs (x86/bf16_tile-inl.h)
 //              in_place     K and V read where they are (streamed blocks)
@@ -50,7 +53,7 @@ inline constexpr int kBlockKinds = 3;
 //              runs        V in place, widened as loaded (pv-inl.h)
 //              runs_bf16   V in place on vdpbf16ps (x86/bf16_stream-inl.h)
 //              runs_vnni   int8 V in place on vpdpwssd (x86/vnni_i8-inl.h)
-enum class QUnit : std::uint8_t { f32, bf16, f32_hilo };
+enum class QUnit : std::uint8_t { f32, bf16, f32_hilo, f32_in_place };
 enum class KvUnit : std::uint8_t { packed_f32, packed_bf16, in_place, v_packed, k_packed };
 
 // The units that pack K per block (into the task's scratch, two blocks after asking for them).

@@ -191,6 +191,10 @@ struct QueryBlock {
   std::int64_t end_lo, end_hi, begin_hi, kb_first;
   detail::BlockPath path;
   bool k_lo = false;  // Qp times 2^120, K read as Fp8E4M3Lo (fp8_lo-inl.h)
+  // The f32 rows the score units read (QUnit::f32, f32_hilo: Qp; f32_in_place: Q's own rows),
+  // row r at qrows + r * qs.
+  const float* qrows = nullptr;
+  std::int64_t qs = 0;
 };
 
 template <class O>
@@ -211,23 +215,33 @@ CPUATTN_ALWAYS_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const de
   return q;
 }
 
-// QUnit: the block's query rows into Qp; returns whether they were multiplied by 2^120 for an
-// fp8 K read as Fp8E4M3Lo.
+// QUnit: the block's query rows into Qp, or where the tiles read them in place (one head per
+// block: row r is position pos0 + r); sets q.qrows and q.qs, and q.k_lo where the rows were
+// multiplied by 2^120 for an fp8 K read as Fp8E4M3Lo.
 template <class O, bool kNative>
-CPUATTN_ALWAYS_INLINE bool PackQueries(const detail::Problem& p, const TaskCoords& tc,
-                                       const QueryBlock& q, const TaskBuffers& tb) {
-  const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc,
+                                       QueryBlock& q, const TaskBuffers& tb) {
+  q.qrows = tb.qp;
+  q.qs = tb.qs;
+  q.k_lo = false;
+  if (q.path.q == detail::QUnit::f32_in_place) {
+    q.qrows = static_cast<const float*>(p.q.data) + tc.b * p.q.s[0] + tc.h0 * p.q.s[1] +
+              q.pos0 * p.q.s[2];
+    q.qs = p.q.s[2];
+    return;
+  }
   if (q.path.q == detail::QUnit::bf16) {
     if constexpr (kNative)
       Bf16Tile<O>::PackQ(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, (p.D + 1) / 2,
                          reinterpret_cast<std::uint16_t*>(tb.qp));
-    return false;
+    return;
   }
+  const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
   PackQ<O>(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, qscale, tb.qs, tb.qp);
   if constexpr (kNative) {
     if (q.path.q == detail::QUnit::f32_hilo) Bf16Stream<O>::SplitQRows(tb.qp, q.rows, tb.qs, p.D);
   }
-  return PrescaleQForFp8K<O>(p, q.path, tb.qp, q.rows, tb.qs);
+  q.k_lo = PrescaleQForFp8K<O>(p, q.path, tb.qp, q.rows, tb.qs);
 }
 
 // The variants every score of a call goes through (soft-cap, ALiBi) and its mask kind.
@@ -290,10 +304,15 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
       Bf16Tile<O>::PackV(p, g.DvP, tc.b, tc.hk, kb0, kb.nk,
                          reinterpret_cast<std::uint32_t*>(kb.vp));
     }
-  } else if (q.path.kv == detail::KvUnit::k_packed) {
-    PackK<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kb.kp);
   } else {
-    PackKV<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kb.kp, kb.vp);
+    const float kscale = q.path.q == detail::QUnit::f32_in_place
+                             ? static_cast<float>(p.scale) * detail::kLog2e
+                             : 1.0f;
+    if (q.path.kv == detail::KvUnit::k_packed) {
+      PackK<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kscale, kb.kp);
+    } else {
+      PackKV<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kscale, kb.kp, kb.vp);
+    }
   }
   if (tc.keep_packed) tb.packed_blocks = slot + 1;
   return kb;
@@ -340,12 +359,12 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
                 TaskBuffers& tb, detail::PhaseClock& clock) {
   using detail::ScoreUnit;
   const int n = hr.hi - hr.lo;
-  const float* qp = tb.qp + hr.lo * tb.qs;
+  const float* qp = q.qrows + hr.lo * q.qs;
   float* s = tb.s + hr.lo * g.Nk;
   const bool hilo = q.path.q == detail::QUnit::f32_hilo;
   switch (q.path.score) {
     case ScoreUnit::tile_f32:
-      ScoreBlockTiles<O>(n, qp, tb.qs, g.D, kb.kp, kb.ncols, kb.clean_lo, kb.clean_hi, s, g.Nk,
+      ScoreBlockTiles<O>(n, qp, q.qs, g.D, kb.kp, kb.ncols, kb.clean_lo, kb.clean_hi, s, g.Nk,
                          tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p); });
       clock.lap(Phase::scores);
       return;
@@ -382,10 +401,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
           q.path.k_ahead && !q.path.scores_k_ahead && (kb.kb0 > q.kb_first || hr.j > 0);
       if (hilo) {
         if constexpr (kNative)
-          ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
+          ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, q.qs, s, g.Nk,
                                  false, k_asked);
       } else {
-        ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, tb.qs, s, g.Nk,
+        ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, q.qs, s, g.Nk,
                                 q.k_lo, k_asked);
       }
       break;
@@ -394,10 +413,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       if (hilo) {
         if constexpr (kNative)
           ScoreBlockRuns<O, true>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
-                                  qp, tb.qs, s, g.Nk);
+                                  qp, q.qs, s, g.Nk);
       } else {
         ScoreBlockRuns<O, false>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
-                                 qp, tb.qs, s, g.Nk);
+                                 qp, q.qs, s, g.Nk);
       }
       break;
   }
@@ -435,7 +454,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   alignas(64) float lsum[O::kBlockRows * N];
   bool ok = false;
   if (f32) {
-    ok = ProbBlockTiles<O>(n, tb.qp + hr.lo * tb.qs, tb.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
+    ok = ProbBlockTiles<O>(n, q.qrows + hr.lo * q.qs, q.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
                            first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
   } else if constexpr (kNative) {
     const std::int64_t qs2 = (p.D + 1) / 2;
@@ -712,7 +731,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   const MaskInfo mi = MaskInfoOf(p);
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
     QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
-    q.k_lo = PackQueries<O, kNative>(p, tc, q, tb);
+    PackQueries<O, kNative>(p, tc, q, tb);
     tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     clock.lap(Phase::pack_q);
     SetRowSlopes(p, tc, q, mi, tb.rm);

@@ -79,14 +79,16 @@ void PackV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::
   detail::with_elem(p.v.dtype, [&](auto t) { PackVAs<O, decltype(t)>(p, g, b, hk, j0, nk, vp); });
 }
 
-// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded).
+// Packs keys [j0, j0 + nk) of one K/V head into Kp panels (zero-padded), times kscale: 1, or
+// scale * log2 e where the tiles read Q in place (QUnit::f32_in_place).
 template <class O, class T>
 void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-             std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp) {
+             std::int64_t j0, std::int64_t nk, float kscale, float* CPUATTN_RESTRICT kp) {
   constexpr int W = Geometry<O>::W;
   const T* K = static_cast<const T*>(p.k.data) + hk * p.k.s[1];
   constexpr int N = O::kLanes;
   const std::int64_t panels = (nk + W - 1) / W;
+  const typename O::V vk = O::Set(kscale);
   // K: N x N squares (N keys x N dims) transposed in registers; missing keys are zero rows and
   // dims past D are never stored.
   for (std::int64_t pi = 0; pi < panels; ++pi) {
@@ -108,8 +110,12 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
           }
           const T* src = rows[w] + d0;
           r[w] = dims == N ? LoadWide<O>(src) : LoadWidePartial<O>(src, dims);
-          if constexpr (detail::ElemTraits<T>::kScaled)
-            r[w] = O::Mul(r[w], O::Set(KeyScale(p, p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
+          if constexpr (detail::ElemTraits<T>::kScaled) {
+            r[w] = O::Mul(r[w],
+                          O::Set(kscale * KeyScale(p, p.k_scale, p.k_scale_s, b, hk, j0 + w0 + w)));
+          } else {
+            r[w] = O::Mul(r[w], vk);
+          }
         }
         O::Transpose(r);
         for (std::int64_t d = 0; d < dims; ++d) O::Store(r[d], dst + (d0 + d) * W + part * N);
@@ -120,16 +126,18 @@ void PackKAs(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std
 
 template <class O>
 void PackK(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-           std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp) {
-  detail::with_elem(p.k.dtype, [&](auto t) { PackKAs<O, decltype(t)>(p, g, b, hk, j0, nk, kp); });
+           std::int64_t j0, std::int64_t nk, float kscale, float* CPUATTN_RESTRICT kp) {
+  detail::with_elem(p.k.dtype,
+                    [&](auto t) { PackKAs<O, decltype(t)>(p, g, b, hk, j0, nk, kscale, kp); });
 }
 
-// Packs keys [j0, j0 + nk) of one K/V head into Kp panels and Vp chunks (zero-padded, f32).
+// Packs keys [j0, j0 + nk) of one K/V head into Kp panels (times kscale, as PackKAs) and Vp
+// chunks (zero-padded, f32).
 template <class O>
 void PackKV(const detail::Problem& p, const Geometry<O>& g, std::int64_t b, std::int64_t hk,
-            std::int64_t j0, std::int64_t nk, float* CPUATTN_RESTRICT kp,
+            std::int64_t j0, std::int64_t nk, float kscale, float* CPUATTN_RESTRICT kp,
             float* CPUATTN_RESTRICT vp) {
-  PackK<O>(p, g, b, hk, j0, nk, kp);
+  PackK<O>(p, g, b, hk, j0, nk, kscale, kp);
   PackV<O>(p, g, b, hk, j0, nk, vp);
 }
 

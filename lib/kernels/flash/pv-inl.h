@@ -49,8 +49,7 @@ CPUATTN_ALWAYS_INLINE int MakeVRuns(const detail::Problem& p, std::int64_t b, st
 // Where the P V tiles of a query block's last key block also write their rows' outputs
 // (BlockPath::out_in_pv): row r of the block goes to rows[r] as Acc * scale[r], through
 // non-temporal stores where `stream` and the row is vector-aligned. The tile that completes a
-// part of a row writes it while its accumulators are in registers, so the output's stores run
-// beside the next tile's FMAs instead of in a pass of their own after the block.
+// part of a row writes it from its accumulators, in registers: no second pass reads Acc back.
 struct PvOut {
   float* const* rows;
   const float* scale;

@@ -1,4 +1,6 @@
-// The Q unit of the f32 paths (QUnit::f32): a query block's rows copied into Qp, scaled.
+// The Q unit of the f32 paths (QUnit::f32): a query block's rows copied into Qp, scaled. Tiled f32
+// blocks of one query head over an f32 Q copy nothing (QUnit::f32_in_place: the tiles read Q's
+// rows where they are, and K's panels carry the scale; driver-inl.h, PackQueries).
 #if defined(CPUATTN_KERNELS_FLASH_Q_PACK_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_FLASH_Q_PACK_INL_H_
 #undef CPUATTN_KERNELS_FLASH_Q_PACK_INL_H_
