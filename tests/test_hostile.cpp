@@ -194,6 +194,37 @@ TEST(Hostile, FiniteExtremesGiveFiniteResultsOrErrors) {
   for (float x : out) ASSERT_EQ(x, 7.0f);
 }
 
+// Keys near float32's largest with a scale above 1/log2(e): the fast path folds scale * log2 e
+// into Q or (QUnit::f32_in_place) into K's panels, and K = 3.4e38 times 43 overflowed there, NaN
+// where the true scores are small (found by fuzz_attention_diff). Q's column that meets the huge
+// key holds sub-normals, so each score stays within a few units.
+TEST(Hostile, KeysNearFloatMaxWithALargeScaleStayFinite) {
+  const std::int64_t B = 1, H = 2, Lq = 13, Lk = 45, D = 37, col = 33;
+  auto q = random_floats(B * H * Lq * D, 12), k = random_floats(B * H * Lk * D, 13),
+       v = random_floats(B * H * Lk * D, 14);
+  const auto tiny = random_floats(B * H * Lq, 15);
+  for (std::int64_t r = 0; r < B * H * Lq; ++r) q[r * D + col] = tiny[r] * 1e-39f;
+  for (std::int64_t j : {4, 30, 44}) k[j * D + col] = std::numeric_limits<float>::max();
+  for (double scale : {30.0, 0.5}) {
+    AttentionOptions o;
+    o.scale = scale;
+    o.causal = Causal::top_left;
+    std::vector<float> out(B * H * Lq * D), want(out.size());
+    reference_attention(f32_view(q.data(), {B, H, Lq, D}), f32_view(k.data(), {B, H, Lk, D}),
+                        f32_view(v.data(), {B, H, Lk, D}), f32_view(want.data(), {B, H, Lq, D}), o);
+    for (const Backend& be : machine_backends()) {
+      Context ctx(2);
+      be.apply(ctx);
+      attention(f32_view(q.data(), {B, H, Lq, D}), f32_view(k.data(), {B, H, Lk, D}),
+                f32_view(v.data(), {B, H, Lk, D}), f32_view(out.data(), {B, H, Lq, D}), o, &ctx);
+      for (float x : out) ASSERT_TRUE(std::isfinite(x)) << be.name() << " scale " << scale;
+      // Scores up to about 30 (log2 e) in magnitude: f32 rounds them by a few 1e-6.
+      EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), 1e-5, 1e-4))
+          << be.name() << " scale " << scale;
+    }
+  }
+}
+
 // Item 8: a decode step that fails validation (a bad key_lengths, a NaN x for an int8 cache) on a
 // full growable cache leaves it, and a view taken before, as they were.
 TEST(Hostile, FailedDecodeOnAFullGrowableCacheChangesNothing) {

@@ -201,7 +201,9 @@ TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
 }
 
 // Q is read in place only where a block's rows are rows of Q: one query head per block over an
-// f32 Q. Blocks that fold a group's heads (GQA) copy their rows into Qp, scaled.
+// f32 Q, and where K's panels can carry scale * log2 e without overflowing (at most 1: scale
+// 0.69 reads in place, 0.7 and 1 do not). Blocks that fold a group's heads (GQA) copy their
+// rows into Qp, scaled.
 TEST(Profile, TiledBlocksReadQInPlaceOnlyForOneHeadPerBlock) {
   const std::int64_t Lq = 40, Lk = 40, D = 32;
   const std::vector<float> q = random_floats(4 * Lq * D, 6), k = random_floats(4 * Lk * D, 7);
@@ -218,6 +220,17 @@ TEST(Profile, TiledBlocksReadQInPlaceOnlyForOneHeadPerBlock) {
                   &ctx);
       });
       EXPECT_EQ(path.rfind(Hkv == 4 ? "tiled=tile_f32_qin+" : "tiled=tile_f32+", 0), 0u) << path;
+    }
+    for (const double scale : {0.69, 0.7, 1.0}) {
+      SCOPED_TRACE("scale " + std::to_string(scale));
+      AttentionOptions o;
+      o.scale = scale;
+      const std::string path = TiledPathOf([&] {
+        attention(f32_view(q.data(), {1, 4, Lq, D}), f32_view(k.data(), {1, 4, Lk, D}),
+                  f32_view(k.data(), {1, 4, Lk, D}), f32_view(out.data(), {1, 4, Lq, D}), o, &ctx);
+      });
+      EXPECT_EQ(path.rfind(scale < 0.693 ? "tiled=tile_f32_qin+" : "tiled=tile_f32+", 0), 0u)
+          << path;
     }
   }
 }

@@ -87,10 +87,12 @@ RowInfo analyze(const Problem& p, const Dense& q, const Dense& k, const Dense& v
       const bool finite = std::isfinite(qr[d]) && std::isfinite(kr[d]);
       if (finite) sum += std::fabs(qr[d] * kr[d]);
       qk_nonfinite = qk_nonfinite || !finite;
-      // The fast path scales Q by scale * log2(e) in f32 first: a q_d that this takes below
-      // f32's smallest sub-normal becomes 0, and 0 * Inf is NaN where the reference has +-Inf.
-      r.f32_blind |=
-          !std::isfinite(kr[d]) && qr[d] != 0 && std::fabs(qr[d] * scale * kLog2e) < 0x1p-148;
+      // The fast path scales Q or K (QUnit::f32_in_place, scale * log2(e) <= 1) by
+      // scale * log2(e) in f32 first: a q_d or k_d that this takes below f32's smallest
+      // sub-normal becomes 0, and 0 * Inf is NaN where the reference has +-Inf.
+      const double c = scale * kLog2e;
+      r.f32_blind |= !std::isfinite(kr[d]) && qr[d] != 0 && std::fabs(qr[d] * c) < 0x1p-148;
+      r.f32_blind |= !std::isfinite(qr[d]) && kr[d] != 0 && std::fabs(kr[d] * c) < 0x1p-148;
     }
     const float m = p.mask_kind == 2 ? p.mask_at(b, h, i, j) : 0.0f;
     for (std::int64_t d = 0; d < p.Dv; ++d) {

@@ -200,9 +200,11 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
     path.block[k] =
         choose_block(p, choice, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
   // A block of one query head reads f32 Q in place: its rows are Q's rows, stride q.s[2]
-  // (docs/performance.md#dm-q-in-place).
-  const bool q_rows_in_place =
-      p.q.dtype == DType::f32 && pl.heads_per_block == 1 && pl.kv_heads_per_task == 1;
+  // (docs/performance.md#dm-q-in-place). K's panels then carry scale * log2 e, which must be at
+  // most 1 so that no finite K overflows f32 there (K near FLT_MAX with scale 30 did; a larger
+  // scale keeps Q scaled, where the overflow was already the caller's range to keep).
+  const bool q_rows_in_place = p.q.dtype == DType::f32 && pl.heads_per_block == 1 &&
+                               pl.kv_heads_per_task == 1 && log2_scale(p) <= 1.0f;
   for (BlockPath& b : path.block)
     if (q_rows_in_place && b.q == QUnit::f32 && b.score == ScoreUnit::tile_f32)
       b.q = QUnit::f32_in_place;

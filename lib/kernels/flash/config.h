@@ -11,6 +11,7 @@
 
 #include "core/inline.h"
 #include "core/problem.h"
+#include "core/softmax.h"
 #include "cpuattn/cpuattn.h"
 
 namespace cpuattn::detail {
@@ -37,7 +38,7 @@ inline constexpr int kBlockKinds = 3;
 //              f32_hilo  f32 rows plus each row split into bf16 hi + lo (x86/bf16_stream-inl.h)
 //              f32_in_place  f32 Q rows read where they are by the f32 tiles, K's panels
 //                        packed times scale * log2 e instead (plan_flash: one query head per
-//                        block, f32 Q)
+//                        block, f32 Q, scale * log2 e <= 1)
 //   KvUnit     packed_f32   K panels and V chunks in f32 (kv_pack-inl.h)
 //              packed_bf16  K panels and V chunks as bf16 pairs (x86/bf16_tile-inl.h)
 //              in_place     K and V read where they are (streamed blocks)
@@ -55,6 +56,10 @@ inline constexpr int kBlockKinds = 3;
 //              runs_vnni   int8 V in place on vpdpwssd (x86/vnni_i8-inl.h)
 enum class QUnit : std::uint8_t { f32, bf16, f32_hilo, f32_in_place };
 enum class KvUnit : std::uint8_t { packed_f32, packed_bf16, in_place, v_packed, k_packed };
+
+// scale * log2 e in f32: the factor Q (or, with QUnit::f32_in_place, K) is multiplied by so that
+// the scores come out in log2 units and the softmax runs on exp2.
+inline float log2_scale(const Problem& p) { return static_cast<float>(p.scale) * kLog2e; }
 
 // The units that pack K per block (into the task's scratch, two blocks after asking for them).
 inline bool packs_k(KvUnit u) {

@@ -236,7 +236,7 @@ CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoord
                          reinterpret_cast<std::uint16_t*>(tb.qp));
     return;
   }
-  const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+  const float qscale = detail::log2_scale(p);
   PackQ<O>(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, qscale, tb.qs, tb.qp);
   if constexpr (kNative) {
     if (q.path.q == detail::QUnit::f32_hilo) Bf16Stream<O>::SplitQRows(tb.qp, q.rows, tb.qs, p.D);
@@ -305,9 +305,7 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
                          reinterpret_cast<std::uint32_t*>(kb.vp));
     }
   } else {
-    const float kscale = q.path.q == detail::QUnit::f32_in_place
-                             ? static_cast<float>(p.scale) * detail::kLog2e
-                             : 1.0f;
+    const float kscale = q.path.q == detail::QUnit::f32_in_place ? detail::log2_scale(p) : 1.0f;
     if (q.path.kv == detail::KvUnit::k_packed) {
       PackK<O>(p, g, tc.b, tc.hk, kb0, kb.nk, kscale, kb.kp);
     } else {
@@ -373,8 +371,8 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
         Bf16Tile<O>::ScoreBlock(
             n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * ((p.D + 1) / 2),
             (p.D + 1) / 2, (p.D + 1) / 2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
-            kb.clean_lo, kb.clean_hi, static_cast<float>(p.scale) * detail::kLog2e, s, g.Nk,
-            tb.rm + hr.lo, mi, [&] { tb.ahead.Drip(p); });
+            kb.clean_lo, kb.clean_hi, detail::log2_scale(p), s, g.Nk, tb.rm + hr.lo, mi,
+            [&] { tb.ahead.Drip(p); });
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::tile_amx:
@@ -385,7 +383,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
         Bf16Amx<O>::Scores(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2, qs2,
                            reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols, s, g.Nk,
                            [&] { tb.ahead.Drip(p); });
-        Bf16Amx<O>::ScaleRows(n, s, g.Nk, kb.ncols, static_cast<float>(p.scale) * detail::kLog2e);
+        Bf16Amx<O>::ScaleRows(n, s, g.Nk, kb.ncols, detail::log2_scale(p));
       }
       clock.lap(Phase::scores);
       if (!kb.clean() || mi.transforms())
@@ -460,7 +458,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
     const std::int64_t qs2 = (p.D + 1) / 2;
     const auto* qb = reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2;
     const auto* kp = reinterpret_cast<const std::uint32_t*>(kb.kp);
-    const float qscale = static_cast<float>(p.scale) * detail::kLog2e;
+    const float qscale = detail::log2_scale(p);
     if (q.path.score == ScoreUnit::tile_amx) {
       // The AMX tiles' raw dot products wait in S for the probability tiles.
       float* s = tb.s + hr.lo * g.Nk;
