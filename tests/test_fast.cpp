@@ -217,14 +217,14 @@ TEST_P(FastPath, BlockProbeRunsItsBlock) {
 // output and lse are bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and
 // ragged rows, and (the last case) misaligned output rows, with sinks, a causal mask and a NaN
 // query and an inf key that send blocks through the exact rerun; and the tweak reaches the plan
-// (stream_out and epilogue_out show in the call's path).
+// (stream_out, epilogue_out and v_in_place show in the call's path).
 TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
   Case rerun{1, 4, 2, 40, 150, 32, 32};
   rerun.misalign = 1;
   rerun.sinks = true;
   rerun.mask = MaskCase::causal_tl;
   for (Case c : {Case{2, 4, 2, 70, 150, 64, 64}, Case{1, 3, 1, 33, 70, 17, 19},
-                 Case{2, 8, 2, 1, 300, 32, 32}, rerun}) {
+                 Case{2, 8, 2, 1, 300, 32, 32}, Case{1, 2, 1, 40, 150, 48, 128}, rerun}) {
     Inputs in(c);
     if (c.misalign != 0) {
       in.q.at(0, 0, 3, 0) = std::numeric_limits<float>::quiet_NaN();
@@ -258,6 +258,10 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
         EXPECT_NE(line.find("/f32_stream"), std::string::npos) << line;
       } else if (name == "none") {
         EXPECT_EQ(line.find("/f32_stream"), std::string::npos) << line;
+      }
+      // V rows of 128 floats: read in place with v_in_place whether or not the plan packs them.
+      if (name == "v_in_place" && c.Dv == 128) {
+        EXPECT_NE(line.find("vin_tile_f32"), std::string::npos) << line;
       }
       // The tiled blocks of whole-vector rows write their outputs from P V unless told not to.
       if (c.Lq > 1 && c.Dv % 16 == 0) {

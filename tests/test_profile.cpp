@@ -200,6 +200,43 @@ TEST(Profile, TiledBlocksReadF32VInPlaceWhereItLiesWhole) {
   }
 }
 
+// f32 V of rows of 128 floats (512 B, 8 lines) is packed where a P V column chunk of it would not
+// fit L1d's sets: with S sets, a block's 128 rows start in only S / 8 of them, so a chunk narrower
+// than the row (every target's: 64 floats on AVX-512) puts 128 * 8 / S of its lines in each set
+// it touches, 16 in the 64 sets of every x86 L1d cpuattn targets, above their 8-12 ways
+// (config.cpp, v_chunk_fits_l1). The arithmetic here is the closed form for such rows, from the
+// L1d the OS reports (as the library reads it, or 32 KiB of 8 ways where it reports none).
+TEST(Profile, TiledBlocksPackF32VWhoseChunksOverflowL1Sets) {
+  long size = sysconf(_SC_LEVEL1_DCACHE_SIZE), ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC),
+       line = sysconf(_SC_LEVEL1_DCACHE_LINESIZE);
+  if (size <= 0 || ways <= 0 || line <= 0 || size % (ways * line) != 0) {
+    size = 32 << 10;
+    ways = 8;
+    line = 64;
+  }
+  const long sets = size / (ways * line);
+  if (line != 64 || sets % 8 != 0)
+    GTEST_SKIP() << "the closed form needs 64-byte lines and a multiple of 8 sets: " << sets
+                 << " sets of " << line << " B";
+  const bool packed = 128 * 8 / sets > ways;
+  const std::int64_t H = 2, Lq = 24, Lk = 40, D = 48, Dv = 128;
+  const std::vector<float> q = random_floats(H * Lq * D, 8), k = random_floats(H * Lk * D, 9),
+                           v = random_floats(H * Lk * Dv, 10);
+  std::vector<float> out(H * Lq * Dv);
+  for (const auto& be : test::machine_backends()) {
+    SCOPED_TRACE(be.name() + ", L1d " + std::to_string(sets) + " sets of " + std::to_string(ways) +
+                 " ways");
+    Context ctx(1);
+    be.apply(ctx);
+    EXPECT_EQ(TiledPathOf([&] {
+                attention(f32_view(q.data(), {1, H, Lq, D}), f32_view(k.data(), {1, H, Lk, D}),
+                          f32_view(v.data(), {1, H, Lk, Dv}), f32_view(out.data(), {1, H, Lq, Dv}),
+                          {}, &ctx);
+              }),
+              packed ? "tiled=tile_f32_qin+tile_f32+out" : "tiled=tile_f32_qin+vin_tile_f32+out");
+  }
+}
+
 // Q is read in place only where a block's rows are rows of Q: one query head per block over an
 // f32 Q, and where K's panels can carry scale * log2 e without overflowing (at most 1: scale
 // 0.69 reads in place, 0.7 and 1 do not). Blocks that fold a group's heads (GQA) copy their

@@ -23,8 +23,9 @@ struct Tweak {
 // Each keeps the plan valid for any problem: the prefetch budget is any size, the streamed
 // epilogue writes plainly every row that is not whole aligned vectors (epilogue-inl.h), and a
 // tiled block may always pack its f32 V (the P V tile then sums the same products in the same
-// order: config.cpp, choose_block), and the output epilogue can write any row the P V tiles would
-// (the same product of Acc and the row's scale).
+// order: config.cpp, choose_block), as it may read in place V that the plan packs only for L1's
+// sets (BlockPath::v_in_place_declined), and the output epilogue can write any row the P V tiles
+// would (the same product of Acc and the row's scale).
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
@@ -37,6 +38,11 @@ constexpr Tweak kTweaks[] = {
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block)
          if (b.kv == detail::KvUnit::k_packed) b.kv = detail::KvUnit::packed_f32;
+     }},
+    {"v_in_place",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block)
+         if (b.v_in_place_declined) b.kv = detail::KvUnit::k_packed;
      }},
     {"stream_out",
      [](Plan& pl) {

@@ -19,6 +19,8 @@ namespace cpuattn {
 //   kv_ahead_x2  twice the shipped amount of the next task's K/V prefetched (the whole L2)
 //   plain_out    outputs above the streaming threshold written through the caches
 //   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
+//   v_in_place   tiled blocks read in place the f32 V the plan packs because a column chunk of
+//                its rows would not fit L1d's sets (Dv 128 on x86)
 //   stream_out   f32 outputs of any size written with non-temporal stores
 //   no_scores_k_ahead  streamed blocks whose K rows P V asked for: the scores do not ask again
 //   epilogue_out  the output epilogue writes every row, also those the f32 P V tiles of the last

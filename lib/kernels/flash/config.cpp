@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dispatch/dispatch.h"
 #include "kernels/flash/flash.h"
@@ -37,6 +38,57 @@ std::int64_t l2_bytes() {
     return std::int64_t{512} << 10;
   }();
   return n;
+}
+
+// L1d geometry as the OS reports it (sysconf; glibc reads cpuid on x86), or 32 KiB of 8 ways and
+// 64-byte lines, the smallest L1d of the cores cpuattn targets, where it does not.
+struct L1Geometry {
+  std::int64_t sets, ways, line;
+};
+const L1Geometry& l1d() {
+  static const L1Geometry g = [] {
+    long size = 0, ways = 0, line = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL1_DCACHE_ASSOC) && \
+    defined(_SC_LEVEL1_DCACHE_LINESIZE)
+    size = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+    line = sysconf(_SC_LEVEL1_DCACHE_LINESIZE);
+#endif
+    if (size <= 0 || ways <= 0 || line <= 0 || size % (ways * line) != 0) {
+      size = 32 << 10;
+      ways = 8;
+      line = 64;
+    }
+    return L1Geometry{size / (ways * line), ways, line};
+  }();
+  return g;
+}
+
+// Whether a column chunk of `chunk` floats of `keys` V rows `row` floats apart (a P V sweep of V
+// in place, PvBlockTiles) holds in L1d at once: no set takes more of its lines than it has ways.
+// A chunk narrower than its rows touches only that fraction of the sets: 128 rows of 512 B (Dv
+// 128) put a 64-float chunk's 512 lines in 32 of 64 sets, 16 to a set, over the 8-12 ways of
+// x86 cores, so each row strip of P V would read V from L2 again; packed, the same chunk fills
+// every set 8 deep (docs/performance.md#dm-v-in-place-sets).
+// Every call plans its tiled blocks, decoding steps too: the last answer is kept per thread (a
+// service repeats its shapes), so a call pays the count of a few hundred lines only on a change.
+bool v_chunk_fits_l1(std::int64_t row, std::int64_t chunk, std::int64_t keys) {
+  struct Last {
+    std::int64_t row = -1, chunk = -1, keys = -1;
+    bool fits = false;
+  };
+  thread_local Last last;
+  if (last.row == row && last.chunk == chunk && last.keys == keys) return last.fits;
+  const L1Geometry& g = l1d();
+  std::vector<std::int64_t> lines_in_set(static_cast<std::size_t>(g.sets), 0);
+  const std::int64_t row_bytes = row * 4, chunk_bytes = chunk * 4;
+  bool fits = true;
+  for (std::int64_t r = 0; r < keys && fits; ++r)
+    for (std::int64_t l = r * row_bytes / g.line; l <= (r * row_bytes + chunk_bytes - 1) / g.line;
+         ++l)
+      fits = fits && ++lines_in_set[static_cast<std::size_t>(l % g.sets)] <= g.ways;
+  last = {row, chunk, keys, fits};
+  return fits;
 }
 
 // Keys below which splitting the key range is not worth a merge.
@@ -104,13 +156,16 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // interleaved runs for smaller pages (a block's keys lie in several) and for contiguous K of
 // 2-byte or f32 elements with several rows, and as one stream for 1-byte K and one-row blocks
 // (bound by their instructions, they lost with runs).
-// V is read in place where its rows are whole vectors. On the native unit, blocks of several rows
+// V is read in place where its rows are whole vectors and either a P V column chunk spans whole
+// rows (then the rows are the packed layout itself) or the chunk's lines fit L1d's sets
+// (v_chunk_fits_l1: not Dv 128 on x86). On the native unit, blocks of several rows
 // per K/V head run bf16 K on the hi/lo dot and bf16 V (where the choice takes vdpbf16ps) or int8 V
 // (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units (bound
 // by memory, the native ones were slower there). Tiled bf16 blocks run on AMX where the choice
 // has it (amx_tiles), else on vdpbf16ps.
 BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, BlockKind kind,
-                       std::int64_t lanes, std::int64_t block_keys) {
+                       const FlashKernels& fk) {
+  const std::int64_t lanes = fk.lanes, block_keys = fk.block_keys;
   const bool native = unit == FlashUnit::avx512_bf16;
   // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
   // two) every block lies in one page and reads as contiguous K/V does.
@@ -122,10 +177,14 @@ BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, B
     if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
         native_dot(p.k.dtype) == NativeDot::bf16_pairs)
       return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
-    const bool v_in_place =
+    const bool v_rows_whole =
         p.v.dtype == DType::f32 && p.Dv % lanes == 0 && p.v.s[2] == p.Dv && whole_pages;
-    return {QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
-            PvUnit::tile_f32};
+    const bool v_in_place =
+        v_rows_whole && (p.Dv <= fk.pv_chunk || v_chunk_fits_l1(p.Dv, fk.pv_chunk, block_keys));
+    BlockPath b{QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
+                PvUnit::tile_f32};
+    b.v_in_place_declined = v_rows_whole && !v_in_place;
+    return b;
   }
   const bool few = kind == BlockKind::stream_few;
   // bf16 products on vdpbf16ps only where the choice takes them (the native unit runs for AMX's
@@ -197,8 +256,7 @@ Plan plan_flash(const Problem& p, const Choice& choice) {
   FlashPath& path = pl.path;
   path.unit = choose_unit(choice, p.q.dtype, p.k.dtype, p.Lq * p.group, p.D);
   for (int k = 0; k < kBlockKinds; ++k)
-    path.block[k] =
-        choose_block(p, choice, path.unit, static_cast<BlockKind>(k), fk.lanes, fk.block_keys);
+    path.block[k] = choose_block(p, choice, path.unit, static_cast<BlockKind>(k), fk);
   // A block of one query head reads f32 Q in place: its rows are Q's rows, stride q.s[2]
   // (docs/performance.md#dm-q-in-place). K's panels then carry scale * log2 e, which must be at
   // most 1 so that no finite K overflows f32 there (K near FLT_MAX with scale 30 did; a larger

@@ -86,6 +86,10 @@ struct BlockPath {
   // or f32_stream and Dv whole vectors. The exact rerun (non-finite Acc) writes through the
   // epilogue.
   bool out_in_pv = false;
+  // Tiled f32 V whose rows the P V tile could read in place (KvUnit::k_packed) but which the plan
+  // packs, since a column chunk of its rows would not fit L1d's sets (config.cpp,
+  // v_chunk_fits_l1). `cpuattn bench --tweak v_in_place` times reading it in place.
+  bool v_in_place_declined = false;
   // Tiled blocks: K/V packed into panels and chunks, scores in tiles of rows.
   CPUATTN_ALWAYS_INLINE bool tiled() const {
     return score == ScoreUnit::tile_f32 || score == ScoreUnit::tile_bf16 ||

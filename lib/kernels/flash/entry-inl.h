@@ -28,6 +28,7 @@ const detail::FlashKernels* GetFlashKernels() {
   static const detail::FlashKernels table{.lanes = Ops::kLanes,
                                           .block_rows = Ops::kBlockRows,
                                           .block_keys = Ops::kBlockKeys,
+                                          .pv_chunk = Ops::kPvCols * Ops::kLanes,
                                           .run_task = &RunFlashTask,
                                           .merge_rows = &MergeFlashRows};
   return &table;

@@ -28,6 +28,7 @@ struct FlashKernels {
   std::int64_t lanes;       // f32 lanes per vector
   std::int64_t block_rows;  // max query rows per block
   std::int64_t block_keys;  // keys per K/V block
+  std::int64_t pv_chunk;    // V columns (floats) per column chunk of the f32 P V tiles
   // Runs task `t` of `plan`: writes out/lse directly, or partials when plan.k_splits > 1. With a
   // log (profiling), charges its time to phases there.
   void (*run_task)(const Problem&, const Plan&, std::int64_t t, Scratch&, ThreadLog* log);
