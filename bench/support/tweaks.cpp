@@ -52,6 +52,11 @@ constexpr Tweak kTweaks[] = {
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block) b.scores_k_ahead = false;
      }},
+    {"v_ahead_l1",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block)
+         if (b.score == detail::ScoreUnit::dot) b.v_ahead_l1 = true;
+     }},
     {"epilogue_out",
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block) b.out_in_pv = false;

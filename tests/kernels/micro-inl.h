@@ -156,7 +156,7 @@ void MicroStreamDot(DType kdt, int R, const float* qp, std::int64_t qs, std::int
   detail::with_elem(kdt, [&](auto e) {
     using T = decltype(e);
     DotScores<Ops, false, T>(R, qp, qs, D, static_cast<const T*>(k), ks, nk, kscale, kss, s,
-                             s_stride);
+                             s_stride, detail::ScoresAhead{});
   });
 }
 

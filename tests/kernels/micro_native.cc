@@ -98,7 +98,7 @@ void HiloScores(int rows, float* qp, std::int64_t qs, const detail::Problem& p, 
                 float* s, std::int64_t s_stride) {
   Bf16Stream<Ops>::SplitQRows(qp, rows, qs, p.D);
   DotScores<Ops, true, detail::Bf16>(rows, qp, qs, p.D, static_cast<const detail::Bf16*>(p.k.data),
-                                     p.k.s[2], nk, nullptr, 0, s, s_stride);
+                                     p.k.s[2], nk, nullptr, 0, s, s_stride, detail::ScoresAhead{});
 }
 
 void PvRuns(const detail::Problem& p, int rows, std::int64_t nk, float* pr, std::int64_t p_stride,

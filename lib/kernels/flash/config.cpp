@@ -303,7 +303,8 @@ std::string path_name(const FlashPath& path) {
          (b.kv == KvUnit::v_packed   ? "vpacked_"
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
-         kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") + (b.out_in_pv ? "+out" : "");
+         kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") +
+         (b.v_ahead_l1 ? "+v_l1" : "") + (b.out_in_pv ? "+out" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

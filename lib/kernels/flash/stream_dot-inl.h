@@ -164,15 +164,13 @@ CPUATTN_ALWAYS_INLINE void Dot4Rows(const float* CPUATTN_RESTRICT qd, std::int64
 // serves R rows; a horizontal sum per score is affordable because there are few rows. K of a
 // reduced-precision dtype is widened in registers as it is loaded (each element is used by all
 // R rows of that load); an int8 key's score is multiplied by its scale, kscale[j * kss]. With
-// `vpf`, the V rows of the same keys (vpf + j * vpf_stride, vpf_bytes long) are prefetched, and
-// K rows ahead among the k_valid keys that exist from k on.
+// `ahead.v`, the V rows of the same keys are prefetched, and K rows ahead (detail::ScoresAhead).
 template <class O, bool kHiLo, int R, class T>
 CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
                                       std::int64_t D, const T* CPUATTN_RESTRICT k, std::int64_t ks,
                                       std::int64_t nk, const float* kscale, std::int64_t kss,
                                       float* CPUATTN_RESTRICT s, std::int64_t s_stride,
-                                      const char* vpf, std::int64_t vpf_stride,
-                                      std::int64_t vpf_bytes, std::int64_t k_valid) {
+                                      const detail::ScoresAhead& ahead) {
   constexpr int N = O::kLanes;
   const std::int64_t dv = D / N * N;
   std::int64_t j = 0;
@@ -182,7 +180,7 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
       const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
       __m128 sum[R];
       Dot4Rows<O, kHiLo, R, T>(qd, dp, D, k4, sum);
-      // Ask for these keys' V rows (vpf_bytes each) into L1 now: P V reads them right after this
+      // Ask for these keys' V rows now (into L2: ScoresAhead): P V reads them right after this
       // block's scores, and a second stream in flight beside K's raises what one core pulls from
       // DRAM (docs/performance.md#dm-decode-v-prefetch-l1). Whole blocks ahead into L2 as well
       // (PrefetchKV) slowed contiguous int8 decoding, so streamed blocks skip it
@@ -191,13 +189,20 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
       // keys: no address outside K is formed): the hardware prefetcher alone left a
       // one-row-per-block decode (M2) latency-bound
       // (docs/performance.md#dm-decode-k-prefetch-ahead).
-      if (vpf != nullptr) {
-        for (int g = 0; g < 4 && j + 16 + g < k_valid; ++g)
+      if (ahead.v != nullptr) {
+        for (int g = 0; g < 4 && j + 16 + g < ahead.k_valid; ++g)
           for (std::int64_t off = 0; off < D * static_cast<std::int64_t>(sizeof(T)); off += 64)
             detail::Prefetch<3>(reinterpret_cast<const char*>(k + (j + 16 + g) * ks) + off);
-        for (int g = 0; g < 4; ++g)
-          for (std::int64_t off = 0; off < vpf_bytes; off += 64)
-            detail::Prefetch<3>(vpf + (j + g) * vpf_stride + off);
+        for (int g = 0; g < 4; ++g) {
+          const char* vrow = ahead.v + (j + g) * ahead.v_stride;
+          for (std::int64_t off = 0; off < ahead.v_bytes; off += 64) {
+            if (ahead.v_l1) {
+              detail::Prefetch<3>(vrow + off);
+            } else {
+              detail::Prefetch<1>(vrow + off);
+            }
+          }
+        }
       }
       // The four scores of each row leave as one 128-bit vector: the epilogue per key (tail,
       // scale, store) cost as many operations as the key's FMAs (int8 K, D2 on one thread).
@@ -247,13 +252,11 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
 template <class O, bool kHiLo, class T>
 void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T* k, std::int64_t ks,
                std::int64_t nk, const float* kscale, std::int64_t kss, float* s,
-               std::int64_t s_stride, const char* vpf = nullptr, std::int64_t vpf_stride = 0,
-               std::int64_t vpf_bytes = 0, std::int64_t k_valid = 0) {
+               std::int64_t s_stride, const detail::ScoresAhead& ahead) {
   switch (R) {
-#define CPUATTN_DOT_CASE(n)                                                                     \
-  case n:                                                                                       \
-    DotScoresR<O, kHiLo, n, T>(qd, dp, D, k, ks, nk, kscale, kss, s, s_stride, vpf, vpf_stride, \
-                               vpf_bytes, k_valid);                                             \
+#define CPUATTN_DOT_CASE(n)                                                            \
+  case n:                                                                              \
+    DotScoresR<O, kHiLo, n, T>(qd, dp, D, k, ks, nk, kscale, kss, s, s_stride, ahead); \
     break;
     CPUATTN_DOT_CASE(1)
     CPUATTN_DOT_CASE(2)
@@ -277,11 +280,12 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 // asked for this block's K rows already and the plan has the scores ask for none ahead of their
 // own (BlockPath::scores_k_ahead false: only as a bench tweak,
 // docs/performance.md#dm-scores-k-ahead). k_lo: Qp was multiplied by 2^120 and an fp8 K reads as
-// Fp8E4M3Lo (fp8_lo-inl.h).
+// Fp8E4M3Lo (fp8_lo-inl.h). v_l1: V rows into L1 (BlockPath::v_ahead_l1).
 template <class O, bool kHiLo>
 void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                    std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
-                   std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo, bool k_asked) {
+                   std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo, bool k_asked,
+                   bool v_l1) {
   WithReadElem(p.k.dtype, k_lo, [&](auto t) {
     using T = decltype(t);
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
@@ -289,11 +293,14 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
     const float* kscale = p.k_scale == nullptr
                               ? nullptr
                               : p.k_scale + p.key_off(p.k_scale_s, b, kb0) + hk * p.k_scale_s[1];
-    const char* vpf =
-        static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
+    detail::ScoresAhead ahead;
+    ahead.v = static_cast<const char*>(p.v.data) + (p.key_off(p.v.s, b, kb0) + hk * p.v.s[1]) * ev;
+    ahead.v_stride = p.v.s[2] * ev;
+    ahead.v_bytes = p.Dv * ev;
+    ahead.k_valid = k_asked ? 0 : std::min(k1 - kb0, p.page_run(kb0));
+    ahead.v_l1 = v_l1;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
-                           s_stride, vpf, p.v.s[2] * ev, p.Dv * ev,
-                           k_asked ? 0 : std::min(k1 - kb0, p.page_run(kb0)));
+                           s_stride, ahead);
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
       SetNanKeyScores<O>(&K->bits, p.k.s[2], p.D, nk_live, rows, s, s_stride);
   });

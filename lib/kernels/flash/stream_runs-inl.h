@@ -67,11 +67,14 @@ CPUATTN_ALWAYS_INLINE void RunRest(const float* qd, std::int64_t dp, std::int64_
                                    const KeyRun<T>& run, std::int64_t from, std::int64_t ks,
                                    std::int64_t kss, float* s, std::int64_t s_stride,
                                    std::int64_t v_stride, std::int64_t v_bytes, bool prefetch_v) {
-  const char* vpf = prefetch_v && !std::is_same_v<T, float> ? run.v + from * v_stride : nullptr;
+  detail::ScoresAhead ahead;
+  ahead.v = prefetch_v && !std::is_same_v<T, float> ? run.v + from * v_stride : nullptr;
+  ahead.v_stride = v_stride;
+  ahead.v_bytes = v_bytes;
+  ahead.k_valid = run.valid - from;
   DotScoresR<O, kHiLo, R, T>(qd, dp, D, run.k + from * ks, ks, run.n - from,
                              run.kscale == nullptr ? nullptr : run.kscale + from * kss, kss,
-                             s + run.s_off + from, s_stride, vpf, v_stride, v_bytes,
-                             run.valid - from);
+                             s + run.s_off + from, s_stride, ahead);
 }
 
 // DotScores over runs of keys that lie in different pages (or quarter blocks of contiguous K).
