@@ -237,6 +237,55 @@ TEST(Profile, TiledBlocksPackF32VWhoseChunksOverflowL1Sets) {
   }
 }
 
+// Decoding's scores prefetch V rows of 2- and 4-byte elements into L2 on Intel (`+v_l2` in the
+// path; kernels/flash/config.cpp, choose_block; dispatch.cpp, v_ahead_into_l2), into L1 on other
+// CPUs and for 1-byte V. The vendor is read here from /proc/cpuinfo, not CPUID as the library
+// reads it. Off x86 no CPU is Intel's.
+TEST(Profile, DecodeScoresPrefetchVIntoL2OnIntel) {
+  bool intel = false;
+#if defined(__x86_64__) || defined(__i386__)
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("vendor_id", 0) == 0) {
+      intel = line.find("GenuineIntel") != std::string::npos;
+      break;
+    }
+  }
+#endif
+  const std::int64_t H = 4, Hkv = 1, Lk = 300, D = 32;
+  const std::vector<float> q = random_floats(H * D, 11), k = random_floats(Hkv * Lk * D, 12);
+  std::vector<std::uint16_t> kb(k.size());
+  std::vector<std::int8_t> k8(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    kb[i] = to_bf16(k[i]);
+    k8[i] = static_cast<std::int8_t>(k[i] * 100);
+  }
+  const std::vector<float> scales(Hkv * Lk, 0.01f);
+  std::vector<float> out(H * D);
+  for (const auto& be : test::machine_backends()) {
+    Context ctx(1);
+    be.apply(ctx);
+    for (const DType kv : {DType::f32, DType::bf16, DType::i8}) {
+      const void* data = kv == DType::f32    ? static_cast<const void*>(k.data())
+                         : kv == DType::bf16 ? static_cast<const void*>(kb.data())
+                                             : static_cast<const void*>(k8.data());
+      SCOPED_TRACE(be.name() + ", kv " + std::to_string(static_cast<int>(kv)) +
+                   (intel ? ", Intel" : ", not Intel"));
+      AttentionOptions opts;
+      if (kv == DType::i8) opts.k_scales = opts.v_scales = f32_view(scales.data(), {1, Hkv, Lk});
+      const TensorView kvv = TensorView::contiguous(data, kv, {1, Hkv, Lk, D});
+      ProfileSession session;
+      attention(f32_view(q.data(), {1, H, 1, D}), kvv, kvv, f32_view(out.data(), {1, H, 1, D}),
+                opts, &ctx);
+      const std::vector<CallProfile> calls = session.take();
+      ASSERT_EQ(calls.size(), 1u);
+      const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
+      EXPECT_NE(path.find("=dot"), std::string::npos) << path;
+      EXPECT_EQ(path.find("+v_l2") != std::string::npos, intel && kv != DType::i8) << path;
+    }
+  }
+}
+
 // Q is read in place only where a block's rows are rows of Q: one query head per block over an
 // f32 Q, and where K's panels can carry scale * log2 e without overflowing (at most 1: scale
 // 0.69 reads in place, 0.7 and 1 do not). Blocks that fold a group's heads (GQA) copy their

@@ -54,8 +54,12 @@ constexpr Tweak kTweaks[] = {
      }},
     {"v_ahead_l1",
      [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.v_ahead_l2 = false;
+     }},
+    {"v_ahead_l2",
+     [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block)
-         if (b.score == detail::ScoreUnit::dot) b.v_ahead_l1 = true;
+         if (b.score == detail::ScoreUnit::dot) b.v_ahead_l2 = true;
      }},
     {"epilogue_out",
      [](Plan& pl) {

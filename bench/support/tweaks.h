@@ -23,7 +23,9 @@ namespace cpuattn {
 //                its rows would not fit L1d's sets (Dv 128 on x86)
 //   stream_out   f32 outputs of any size written with non-temporal stores
 //   no_scores_k_ahead  streamed blocks whose K rows P V asked for: the scores do not ask again
-//   v_ahead_l1   streamed blocks' scores prefetch V rows into L1, not L2 (BlockPath::v_ahead_l1)
+//   v_ahead_l1   decoding's scores prefetch V rows into L1 (BlockPath::v_ahead_l2 false)
+//   v_ahead_l2   decoding's scores prefetch V rows into L2, as the plan does on Intel for 2- and
+//                4-byte V
 //   epilogue_out  the output epilogue writes every row, also those the f32 P V tiles of the last
 //                 key block would (BlockPath::out_in_pv)
 const std::vector<std::string>& plan_tweak_names();

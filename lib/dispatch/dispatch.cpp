@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 namespace cpuattn::detail {
 namespace {
@@ -66,6 +67,18 @@ std::int64_t excluded_by(Target cap) {
   return excluded;
 }
 
+// Whether CPUID's vendor string (leaf 0: ebx, edx, ecx) is `vendor`; false off x86.
+bool cpu_vendor_is(const char (&vendor)[13]) {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, regs[3] = {0, 0, 0};
+  if (__get_cpuid(0, &eax, &regs[0], &regs[2], &regs[1]) == 0) return false;
+  return std::memcmp(regs, vendor, 12) == 0;
+#else
+  (void)vendor;
+  return false;
+#endif
+}
+
 // Whether the avx512_bf16 unit runs here: built (not in a build of the host's units on a CPU
 // without it, lib/CMakeLists.txt) and the CPU has the extensions.
 bool native_bf16_unit_runs() {
@@ -89,16 +102,15 @@ bool native_bf16_unit_runs() {
 // there bf16 prefill and bf16-cache decoding run faster in the avx512 kernels, while the unit's
 // int8 decoding (VNNI) still gains (docs/performance.md#dm-bf16-dot-intel). A vendor rule, not a
 // timing: every process on a machine must choose alike, as the two paths round differently.
-bool bf16_dot_outpaces_fma() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
-  // "AuthenticAMD": ebx, edx, ecx.
-  return ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;
-#else
-  return false;
-#endif
-}
+bool bf16_dot_outpaces_fma() { return cpu_vendor_is("AuthenticAMD"); }
+
+// Whether a decoding step's scores prefetch the V rows of 2- and 4-byte elements into L2 rather
+// than L1 (BlockPath::v_ahead_l2). On Intel a prefetcht0 that misses to DRAM likely holds one of
+// the L1's fill buffers for the whole latency, and the scores ask for 4-8 lines per key that way:
+// into L2, f32 and bf16 decoding ran 5-7% faster on a Sapphire Rapids-class Xeon
+// (docs/performance.md#dm-decode-v-prefetch-l2). An AVX2-only Zen 3 read faster with them in L1
+// (#dm-decode-prefetch-zen3), so other CPUs keep L1. A vendor rule, as bf16_dot's.
+bool v_ahead_into_l2() { return cpu_vendor_is("GenuineIntel"); }
 
 // Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
 // leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
@@ -167,6 +179,8 @@ Choice compute(Target cap, Simd provider) {
     static const bool amx = amx_bf16_runs();
     c.amx_bf16 = cap == Target::best && !c.bf16_dot && amx;
   }
+  static const bool v_l2 = v_ahead_into_l2();
+  c.v_ahead_l2 = v_l2;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
       sve_unit_runs(sve_bits)) {

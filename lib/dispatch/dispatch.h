@@ -51,6 +51,9 @@ struct Choice {
   // on AMX tiles (AMX-BF16, with the OS's leave to use the tile state: dispatch.cpp,
   // amx_bf16_runs), where vdpbf16ps does not outpace the FMAs.
   bool amx_bf16 = false;
+  // Whether decoding's scores prefetch V rows of 2- and 4-byte elements into L2, not L1 (Intel:
+  // dispatch.cpp, v_ahead_into_l2).
+  bool v_ahead_l2 = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

@@ -205,6 +205,9 @@ BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, B
   b.k_ahead = whole_pages && b.kv == KvUnit::in_place;
   const bool runs = !b.k_ahead && (p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1));
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
+  // 1-byte V asks for 2 lines per key at Dv 128, little for L1's fill buffers; on an Emerald
+  // Rapids int8 decoding read slower with them in L2 (docs/performance.md#dm-decode-prefetch-zen3).
+  b.v_ahead_l2 = b.score == ScoreUnit::dot && choice.v_ahead_l2 && dtype_size(p.v.dtype) > 1;
   return b;
 }
 
@@ -304,7 +307,7 @@ std::string path_name(const FlashPath& path) {
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
          kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") +
-         (b.v_ahead_l1 ? "+v_l1" : "") + (b.out_in_pv ? "+out" : "");
+         (b.v_ahead_l2 ? "+v_l2" : "") + (b.out_in_pv ? "+out" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

@@ -81,10 +81,10 @@ struct BlockPath {
   // them already. Always chosen; `cpuattn bench --tweak no_scores_k_ahead` times the second ask
   // against the plan (a CPU-dependent trade: docs/performance.md#dm-scores-k-ahead).
   bool scores_k_ahead = true;
-  // The streamed scores ask for V rows into L1 (prefetcht0) rather than L2 (detail::ScoresAhead).
-  // Never chosen: `cpuattn bench --tweak v_ahead_l1` times the older choice
-  // (docs/performance.md#dm-decode-v-prefetch-l2).
-  bool v_ahead_l1 = false;
+  // The streamed scores (ScoreUnit::dot) ask for V rows into L2 (prefetcht2) rather than L1
+  // (detail::ScoresAhead): Intel, V of 2- and 4-byte elements (config.cpp, choose_block).
+  // `cpuattn bench --tweak v_ahead_l1` / `v_ahead_l2` times either on any CPU.
+  bool v_ahead_l2 = false;
   // The P V tiles of a query block's last key block write its rows' outputs (PvOut,
   // pv-inl.h), and the output epilogue only their lse: f32 tiles (PvUnit::tile_f32) with out f32
   // or f32_stream and Dv whole vectors. The exact rerun (non-finite Acc) writes through the

@@ -400,10 +400,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       if (hilo) {
         if constexpr (kNative)
           ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, q.qs, s, g.Nk,
-                                 false, k_asked, q.path.v_ahead_l1);
+                                 false, k_asked, q.path.v_ahead_l2);
       } else {
         ScoreBlockDot<O, false>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, q.qs, s, g.Nk,
-                                q.k_lo, k_asked, q.path.v_ahead_l1);
+                                q.k_lo, k_asked, q.path.v_ahead_l2);
       }
       break;
     }

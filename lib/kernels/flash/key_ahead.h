@@ -30,14 +30,13 @@ struct KeyAhead {
 
 // What a streamed block's score loop asks for beside the K rows it reads (DotScoresR): the V rows
 // of the same keys (v + j * v_stride, v_bytes long; nothing without v), and with them the K rows
-// 16 keys ahead among the k_valid keys that exist from the loop's first key on. V goes into L2
-// (prefetcht2): P V reads it a block later, and on the Xeon a prefetcht0 per V line kept one core
-// further from the read bandwidth (docs/performance.md#dm-decode-v-prefetch-l2); v_l1 asks for it
-// into L1, the older choice (BlockPath::v_ahead_l1, a bench tweak only).
+// 16 keys ahead among the k_valid keys that exist from the loop's first key on. V goes into L1
+// (prefetcht0), or with v_l2 into L2 (prefetcht2), where P V, which reads it a block later, still
+// finds it (BlockPath::v_ahead_l2: Intel, docs/performance.md#dm-decode-v-prefetch-l2).
 struct ScoresAhead {
   const char* v = nullptr;
   std::int64_t v_stride = 0, v_bytes = 0, k_valid = 0;
-  bool v_l1 = false;
+  bool v_l2 = false;
 };
 
 }  // namespace cpuattn::detail

@@ -180,9 +180,9 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
       const T* const k4[4] = {k + j * ks, k + (j + 1) * ks, k + (j + 2) * ks, k + (j + 3) * ks};
       __m128 sum[R];
       Dot4Rows<O, kHiLo, R, T>(qd, dp, D, k4, sum);
-      // Ask for these keys' V rows now (into L2: ScoresAhead): P V reads them right after this
-      // block's scores, and a second stream in flight beside K's raises what one core pulls from
-      // DRAM (docs/performance.md#dm-decode-v-prefetch-l1). Whole blocks ahead into L2 as well
+      // Ask for these keys' V rows now (into L1 or L2: ScoresAhead): P V reads them right after
+      // this block's scores, and a second stream in flight beside K's raises what one core pulls
+      // from DRAM (docs/performance.md#dm-decode-v-prefetch-l1). Whole blocks ahead into L2 as well
       // (PrefetchKV) slowed contiguous int8 decoding, so streamed blocks skip it
       // (docs/performance.md#dm-prefetchkv-streamed). With it, the K rows 16 keys ahead (of the
       // k_valid keys from k on that exist, so across the block's end but never past the task's
@@ -196,10 +196,10 @@ CPUATTN_ALWAYS_INLINE void DotScoresR(const float* CPUATTN_RESTRICT qd, std::int
         for (int g = 0; g < 4; ++g) {
           const char* vrow = ahead.v + (j + g) * ahead.v_stride;
           for (std::int64_t off = 0; off < ahead.v_bytes; off += 64) {
-            if (ahead.v_l1) {
-              detail::Prefetch<3>(vrow + off);
-            } else {
+            if (ahead.v_l2) {
               detail::Prefetch<1>(vrow + off);
+            } else {
+              detail::Prefetch<3>(vrow + off);
             }
           }
         }
@@ -280,12 +280,12 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 // asked for this block's K rows already and the plan has the scores ask for none ahead of their
 // own (BlockPath::scores_k_ahead false: only as a bench tweak,
 // docs/performance.md#dm-scores-k-ahead). k_lo: Qp was multiplied by 2^120 and an fp8 K reads as
-// Fp8E4M3Lo (fp8_lo-inl.h). v_l1: V rows into L1 (BlockPath::v_ahead_l1).
+// Fp8E4M3Lo (fp8_lo-inl.h). v_l2: V rows into L2 (BlockPath::v_ahead_l2).
 template <class O, bool kHiLo>
 void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                    std::int64_t nk_live, std::int64_t k1, int rows, const float* qp,
                    std::int64_t qs, float* s, std::int64_t s_stride, bool k_lo, bool k_asked,
-                   bool v_l1) {
+                   bool v_l2) {
   WithReadElem(p.k.dtype, k_lo, [&](auto t) {
     using T = decltype(t);
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
@@ -298,7 +298,7 @@ void ScoreBlockDot(const detail::Problem& p, std::int64_t b, std::int64_t hk, st
     ahead.v_stride = p.v.s[2] * ev;
     ahead.v_bytes = p.Dv * ev;
     ahead.k_valid = k_asked ? 0 : std::min(k1 - kb0, p.page_run(kb0));
-    ahead.v_l1 = v_l1;
+    ahead.v_l2 = v_l2;
     DotScores<O, kHiLo, T>(rows, qp, qs, p.D, K, p.k.s[2], nk_live, kscale, p.k_scale_s[2], s,
                            s_stride, ahead);
     if constexpr (std::is_same_v<T, detail::Fp8E4M3Lo>)
