@@ -14,10 +14,12 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpuattn/cpuattn.h"
 #include "cpuattn/layers.h"
+#include "cpuattn/profile.h"
 #include "test_util.h"
 
 namespace cpuattn::test {
@@ -374,6 +376,24 @@ TEST(Paged, ThreadCountInvariant) {
               &ctx);
   }
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// A paged call runs one problem per sequence, all as one set of tasks; the sequences share the
+// tasks the machine wants (kernels/flash/config.cpp, plan_tasks: 4 per hardware thread, at least
+// 16), each split by its share of the work, so the set adds at most one task per sequence to
+// them. Planned alone, each of the 8 sequences here took the whole target in key splits.
+TEST(Paged, SequencesShareTheTasksOfTheMachine) {
+  const std::int64_t want = std::max<std::int64_t>(
+      16, 4 * static_cast<std::int64_t>(std::thread::hardware_concurrency()));
+  const Pool pl(8, 2, 32, 32, 64, std::vector<std::int64_t>(8, 4096), 1, DType::f32, 0, 37);
+  std::vector<float> out(pl.B * pl.H * pl.Dv);
+  Context ctx(1);
+  ProfileSession session;
+  attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, 1, pl.Dv}), {}, &ctx);
+  const std::vector<CallProfile> calls = session.take();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_LE(calls[0].tasks, want + pl.B) << "k_splits " << calls[0].k_splits;
+  EXPECT_GE(calls[0].tasks, pl.B);
 }
 
 TEST(Paged, BadArgumentsAreErrorsAndWriteNothing) {

@@ -72,11 +72,20 @@ PlanSet plan_set(const Problem* ps, std::size_t n, const Choice& choice, void (*
                ? static_cast<std::size_t>(p.B * p.H * p.Lq * pl.k_splits * pl.partial_row_floats)
                : 0;
   };
+  // The set's tasks are shared by work (plan_flash), so that a batch cut into sequences is
+  // split as one problem would be.
+  const auto work = [](const Problem& p) {
+    return static_cast<double>(p.B * p.H * p.Lq) * static_cast<double>(p.Lk) *
+           static_cast<double>(p.D + p.Dv);
+  };
+  double total_work = 0;
+  for (std::size_t i = 0; i < n; ++i) total_work += work(ps[i]);
   // Each problem is planned once, into the scratch; the partials' size follows from the plans.
   Plan* plans = reinterpret_cast<Plan*>(call.get(plan_floats + first_floats));
   std::size_t partials = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    Plan* pl = new (plans + i) Plan(plan_flash(ps[i], choice));
+    const double share = total_work > 0 ? work(ps[i]) / total_work : 1.0;
+    Plan* pl = new (plans + i) Plan(plan_flash(ps[i], choice, share));
     if (tweak != nullptr) tweak(*pl);
     partials += partial_floats(*pl, ps[i]);
   }

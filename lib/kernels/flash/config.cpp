@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -99,8 +100,14 @@ constexpr std::int64_t kMinKeysPerSplit = 512;
 // for ownership. Smaller outputs keep plain stores, so a consumer finds them in cache.
 constexpr std::int64_t kStreamOutBytes = std::int64_t{8} << 20;
 
-// Blocks, head splits, query chunks and key splits of `p` for a kernel with these block sizes.
-Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_keys) {
+// Blocks, head splits, query chunks and key splits of `p` for a kernel with these block sizes,
+// for `share` of the machine's target_tasks(): a paged batch runs one problem per sequence, and
+// each planned for the whole target split every sequence's keys as if it ran alone (8 sequences
+// of 16384 keys on 2 cores took 16 key splits each where 2 give the set its 16 tasks), paying
+// partials, a merge and a cold start per task (docs/performance.md#dm-set-share).
+Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_keys, double share) {
+  const auto target = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(std::ceil(static_cast<double>(target_tasks()) * share)));
   Plan pl;
   pl.heads_per_block = std::min(p.group, block_rows);
   pl.pos_per_block = std::max<std::int64_t>(1, block_rows / pl.heads_per_block);
@@ -122,14 +129,13 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
   const std::int64_t units = p.B * ceil_div(p.Hkv, pl.kv_heads_per_task) * pl.head_splits;
   // Few tasks per head keep K/V packing amortized over many query blocks; more only to balance.
   const std::int64_t want_chunks =
-      std::clamp(ceil_div(target_tasks(), units), std::int64_t{1}, pl.q_blocks);
+      std::clamp(ceil_div(target, units), std::int64_t{1}, pl.q_blocks);
   pl.blocks_per_chunk = ceil_div(pl.q_blocks, want_chunks);
   pl.q_chunks = ceil_div(pl.q_blocks, pl.blocks_per_chunk);
   // Short query ranges (decoding) leave too few tasks: split the keys and merge afterwards.
   std::int64_t splits = 1;
-  if (units * pl.q_chunks < target_tasks()) {
-    splits =
-        std::min(ceil_div(target_tasks(), units * pl.q_chunks), ceil_div(p.Lk, kMinKeysPerSplit));
+  if (units * pl.q_chunks < target) {
+    splits = std::min(ceil_div(target, units * pl.q_chunks), ceil_div(p.Lk, kMinKeysPerSplit));
     splits = std::max<std::int64_t>(splits, 1);
   }
   pl.keys_per_split = ceil_div(ceil_div(p.Lk, splits), block_keys) * block_keys;
@@ -253,9 +259,9 @@ FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows
   return FlashUnit::portable;
 }
 
-Plan plan_flash(const Problem& p, const Choice& choice) {
+Plan plan_flash(const Problem& p, const Choice& choice, double share) {
   const FlashKernels& fk = flash_kernels(choice);
-  Plan pl = plan_tasks(p, fk.block_rows, fk.block_keys);
+  Plan pl = plan_tasks(p, fk.block_rows, fk.block_keys, share);
   FlashPath& path = pl.path;
   path.unit = choose_unit(choice, p.q.dtype, p.k.dtype, p.Lq * p.group, p.D);
   for (int k = 0; k < kBlockKinds; ++k)

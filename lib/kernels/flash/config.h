@@ -151,8 +151,10 @@ struct Plan {
 
 // The plan of `p` for the call's choice: tasks from the shape and the kernel's block sizes
 // (never from the thread count, so results are bitwise identical for any number of threads),
-// and the units of every kind of query block.
-Plan plan_flash(const Problem& p, const Choice& choice);
+// and the units of every kind of query block. `share`: p's fraction of the work of the set of
+// problems its call runs as one (the sequences of a paged or packed batch; 1 alone), which
+// takes that fraction of the tasks the machine wants before key or query splits are added.
+Plan plan_flash(const Problem& p, const Choice& choice, double share = 1.0);
 
 // Whether the tiled blocks of bf16 Q and K/V of head size D run on AMX (Choice::amx_bf16, D
 // whole 32s: a tile step takes 32 dims).
