@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -342,15 +341,9 @@ TEST(Bf16Path, CapSelectsThePath) {
 // from /proc/cpuinfo, not from the library's CPUID.
 TEST(Bf16Path, BestTakesTheNativeUnitOnlyWhereItsProductsAreFaster) {
   if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
-  std::ifstream f("/proc/cpuinfo");
-  std::string line, vendor, flags;
-  while ((vendor.empty() || flags.empty()) && std::getline(f, line)) {
-    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
-  }
+  const std::string vendor = cpuinfo_field("vendor_id");
   ASSERT_FALSE(vendor.empty()) << "no vendor_id in /proc/cpuinfo";
-  const bool amx = flags.find(" amx_bf16 ") != std::string::npos &&
-                   flags.find(" amx_tile ") != std::string::npos;
+  const bool amx = cpuinfo_has_flag("amx_bf16") && cpuinfo_has_flag("amx_tile");
   Context c;
   c.set_max_target(Target::best);
   EXPECT_EQ(active_target(&c), Target::avx512_bf16);

@@ -242,15 +242,10 @@ TEST(Profile, TiledBlocksPackF32VWhoseChunksOverflowL1Sets) {
 // CPUs and for 1-byte V. The vendor is read here from /proc/cpuinfo, not CPUID as the library
 // reads it. Off x86 no CPU is Intel's.
 TEST(Profile, DecodeScoresPrefetchVIntoL2OnIntel) {
-  bool intel = false;
 #if defined(__x86_64__) || defined(__i386__)
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("vendor_id", 0) == 0) {
-      intel = line.find("GenuineIntel") != std::string::npos;
-      break;
-    }
-  }
+  const bool intel = test::cpuinfo_field("vendor_id") == "GenuineIntel";
+#else
+  const bool intel = false;
 #endif
   const std::int64_t H = 4, Hkv = 1, Lk = 300, D = 32;
   const std::vector<float> q = random_floats(H * D, 11), k = random_floats(Hkv * Lk * D, 12);

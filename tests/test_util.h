@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -49,6 +50,29 @@ inline bool thin_grids() {
 // Whether case n of a grid runs: every case, or in thinned grids every stride-th (a stride
 // coprime to the periods of the grid's parameters, so each still takes every value).
 inline bool grid_case_runs(int n, int stride) { return !thin_grids() || n % stride == 0; }
+
+// The value of the first line of /proc/cpuinfo named `key` ("vendor_id", "flags"), without the
+// name and the colon; empty where there is no such line. Tests that check a vendor or flag rule
+// of the library read the CPU here, not through the CPUID the library reads.
+inline std::string cpuinfo_field(const std::string& key) {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);) {
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos || line.rfind(key, 0) != 0) continue;
+    if (line.find_first_not_of(" \t", key.size()) != colon) continue;  // "flags" vs "flagsx"
+    const std::size_t value = line.find_first_not_of(' ', colon + 1);
+    return value == std::string::npos ? std::string() : line.substr(value);
+  }
+  return {};
+}
+
+// Whether the flags line of /proc/cpuinfo lists `flag`, a whole word.
+inline bool cpuinfo_has_flag(const std::string& flag) {
+  std::istringstream words(cpuinfo_field("flags"));
+  for (std::string w; words >> w;)
+    if (w == flag) return true;
+  return false;
+}
 
 // Whether this CPU and build run target t (a cap of another architecture's target is refused).
 inline bool machine_runs(Target t) {
