@@ -217,14 +217,16 @@ TEST_P(FastPath, BlockProbeRunsItsBlock) {
 // output and lse are bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and
 // ragged rows, and (the last case) misaligned output rows, with sinks, a causal mask and a NaN
 // query and an inf key that send blocks through the exact rerun; and the tweak reaches the plan
-// (stream_out, epilogue_out, v_in_place, v_ahead_l1 and v_ahead_l2 show in the call's path).
+// (stream_out, epilogue_out, v_in_place, key_runs, key_stream, v_ahead_l1 and v_ahead_l2 show in
+// the call's path).
 TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
   Case rerun{1, 4, 2, 40, 150, 32, 32};
   rerun.misalign = 1;
   rerun.sinks = true;
   rerun.mask = MaskCase::causal_tl;
   for (Case c : {Case{2, 4, 2, 70, 150, 64, 64}, Case{1, 3, 1, 33, 70, 17, 19},
-                 Case{2, 8, 2, 1, 300, 32, 32}, Case{1, 2, 1, 40, 150, 48, 128}, rerun}) {
+                 Case{2, 8, 2, 1, 300, 32, 32}, Case{2, 4, 4, 1, 150, 24, 20},
+                 Case{1, 2, 1, 40, 150, 48, 128}, rerun}) {
     Inputs in(c);
     if (c.misalign != 0) {
       in.q.at(0, 0, 3, 0) = std::numeric_limits<float>::quiet_NaN();
@@ -263,10 +265,20 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
       if (name == "v_in_place" && c.Dv == 128) {
         EXPECT_NE(line.find("vin_tile_f32"), std::string::npos) << line;
       }
-      // Streamed blocks (one query row, contiguous K/V: the dot unit) prefetch V as told.
+      // Streamed blocks (one query position, contiguous K/V) read K as one stream (the dot
+      // unit, which prefetches V as told) or in runs (the vendor rule of choose_block, or
+      // key_runs); one-row blocks of packed V (Dv 20, the MHA case) keep the one stream.
       if (c.Lq == 1) {
-        EXPECT_NE(line.find("=dot+"), std::string::npos) << line;
-        if (name == "v_ahead_l1" || name == "v_ahead_l2") {
+        const bool dot = line.find("=dot+") != std::string::npos;
+        EXPECT_NE(dot, line.find("=dot_runs+") != std::string::npos) << line;
+        if (name == "key_runs") {
+          EXPECT_FALSE(dot) << line;
+        } else if (name == "key_stream") {
+          EXPECT_TRUE(dot) << line;
+        } else if (c.H == c.Hkv && line.find("vpacked_") != std::string::npos) {
+          EXPECT_TRUE(dot) << line;
+        }
+        if (dot && (name == "v_ahead_l1" || name == "v_ahead_l2")) {
           EXPECT_EQ(line.find("+v_l2") != std::string::npos, name == "v_ahead_l2") << line;
         }
       }

@@ -237,46 +237,66 @@ TEST(Profile, TiledBlocksPackF32VWhoseChunksOverflowL1Sets) {
   }
 }
 
-// Decoding's scores prefetch V rows of 2- and 4-byte elements into L2 on Intel (`+v_l2` in the
-// path; kernels/flash/config.cpp, choose_block; dispatch.cpp, v_ahead_into_l2), into L1 on other
-// CPUs and for 1-byte V. The vendor is read here from /proc/cpuinfo, not CPUID as the library
-// reads it. Off x86 no CPU is Intel's.
-TEST(Profile, DecodeScoresPrefetchVIntoL2OnIntel) {
+// Streamed decoding follows two vendor rules (kernels/flash/config.cpp, choose_block;
+// dispatch.cpp, keys_in_runs and v_ahead_into_l2). K read in place goes in four runs on Intel
+// (`=dot_runs`), except 1-byte K outside the native unit's VNNI blocks, and as one stream with
+// P V asking for the next block's K elsewhere (`=dot` ... `+k_ahead`); V packed per block keeps
+// one stream for one-row blocks. Where K is one stream, the scores prefetch V of 2- and 4-byte
+// elements into L2 on Intel (`+v_l2`), into L1 on other CPUs and for 1-byte V. The vendor is read
+// here from /proc/cpuinfo, not CPUID as the library reads it. Off x86 no CPU is Intel's.
+TEST(Profile, DecodeStreamsFollowTheVendorRules) {
 #if defined(__x86_64__) || defined(__i386__)
   const bool intel = test::cpuinfo_field("vendor_id") == "GenuineIntel";
 #else
   const bool intel = false;
 #endif
-  const std::int64_t H = 4, Hkv = 1, Lk = 300, D = 32;
-  const std::vector<float> q = random_floats(H * D, 11), k = random_floats(Hkv * Lk * D, 12);
-  std::vector<std::uint16_t> kb(k.size());
-  std::vector<std::int8_t> k8(k.size());
-  for (std::size_t i = 0; i < k.size(); ++i) {
-    kb[i] = to_bf16(k[i]);
-    k8[i] = static_cast<std::int8_t>(k[i] * 100);
-  }
-  const std::vector<float> scales(Hkv * Lk, 0.01f);
-  std::vector<float> out(H * D);
-  for (const auto& be : test::machine_backends()) {
-    Context ctx(1);
-    be.apply(ctx);
-    for (const DType kv : {DType::f32, DType::bf16, DType::i8}) {
-      const void* data = kv == DType::f32    ? static_cast<const void*>(k.data())
-                         : kv == DType::bf16 ? static_cast<const void*>(kb.data())
-                                             : static_cast<const void*>(k8.data());
-      SCOPED_TRACE(be.name() + ", kv " + std::to_string(static_cast<int>(kv)) +
-                   (intel ? ", Intel" : ", not Intel"));
-      AttentionOptions opts;
-      if (kv == DType::i8) opts.k_scales = opts.v_scales = f32_view(scales.data(), {1, Hkv, Lk});
-      const TensorView kvv = TensorView::contiguous(data, kv, {1, Hkv, Lk, D});
-      ProfileSession session;
-      attention(f32_view(q.data(), {1, H, 1, D}), kvv, kvv, f32_view(out.data(), {1, H, 1, D}),
-                opts, &ctx);
-      const std::vector<CallProfile> calls = session.take();
-      ASSERT_EQ(calls.size(), 1u);
-      const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
-      EXPECT_NE(path.find("=dot"), std::string::npos) << path;
-      EXPECT_EQ(path.find("+v_l2") != std::string::npos, intel && kv != DType::i8) << path;
+  // GQA (4 rows per K/V head, V rows whole vectors on every target) and MHA of 20-float rows
+  // (V packed on targets of 8 or 16 lanes).
+  struct Shape {
+    std::int64_t H, Hkv, D;
+  };
+  const std::int64_t Lk = 300;
+  for (const Shape sh : {Shape{4, 1, 32}, Shape{2, 2, 20}}) {
+    const std::vector<float> q = random_floats(sh.H * sh.D, 11),
+                             k = random_floats(sh.Hkv * Lk * sh.D, 12);
+    std::vector<std::uint16_t> kb(k.size());
+    std::vector<std::int8_t> k8(k.size());
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      kb[i] = to_bf16(k[i]);
+      k8[i] = static_cast<std::int8_t>(k[i] * 100);
+    }
+    const std::vector<float> scales(sh.Hkv * Lk, 0.01f);
+    std::vector<float> out(sh.H * sh.D);
+    for (const auto& be : test::machine_backends()) {
+      Context ctx(1);
+      be.apply(ctx);
+      for (const DType kv : {DType::f32, DType::bf16, DType::i8}) {
+        const void* data = kv == DType::f32    ? static_cast<const void*>(k.data())
+                           : kv == DType::bf16 ? static_cast<const void*>(kb.data())
+                                               : static_cast<const void*>(k8.data());
+        SCOPED_TRACE(be.name() + ", H " + std::to_string(sh.H) + ", kv " +
+                     std::to_string(static_cast<int>(kv)) + (intel ? ", Intel" : ", not Intel"));
+        AttentionOptions opts;
+        if (kv == DType::i8)
+          opts.k_scales = opts.v_scales = f32_view(scales.data(), {1, sh.Hkv, Lk});
+        const TensorView kvv = TensorView::contiguous(data, kv, {1, sh.Hkv, Lk, sh.D});
+        ProfileSession session;
+        attention(f32_view(q.data(), {1, sh.H, 1, sh.D}), kvv, kvv,
+                  f32_view(out.data(), {1, sh.H, 1, sh.D}), opts, &ctx);
+        const std::vector<CallProfile> calls = session.take();
+        ASSERT_EQ(calls.size(), 1u);
+        const std::string path = check_line(verbose_line(calls[0], 1), false).at("path");
+        const auto has = [&](const char* part) { return path.find(part) != std::string::npos; };
+        const bool runs = has("=dot_runs+"), one_stream = has("=dot+");
+        EXPECT_NE(runs, one_stream) << path;
+        if (!has("vpacked_")) {
+          EXPECT_EQ(runs, intel && (kv != DType::i8 || has("runs_vnni"))) << path;
+          EXPECT_EQ(has("+k_ahead"), one_stream) << path;
+        } else if (sh.H == sh.Hkv) {
+          EXPECT_TRUE(one_stream) << path;
+        }
+        EXPECT_EQ(has("+v_l2"), one_stream && intel && kv != DType::i8) << path;
+      }
     }
   }
 }

@@ -25,7 +25,9 @@ struct Tweak {
 // tiled block may always pack its f32 V (the P V tile then sums the same products in the same
 // order: config.cpp, choose_block), as it may read in place V that the plan packs only for L1's
 // sets (BlockPath::v_in_place_declined), and the output epilogue can write any row the P V tiles
-// would (the same product of Acc and the row's scale).
+// would (the same product of Acc and the row's scale). Streamed K may always go in runs (the
+// four-key dot over each run, the same sums as one stream's), and as one stream with k_ahead
+// where the plan declined that only by the vendor rule (BlockPath::k_ahead_declined).
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
@@ -60,6 +62,22 @@ constexpr Tweak kTweaks[] = {
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block)
          if (b.score == detail::ScoreUnit::dot) b.v_ahead_l2 = true;
+     }},
+    {"key_runs",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block)
+         if (b.score == detail::ScoreUnit::dot) {
+           b.score = detail::ScoreUnit::dot_runs;
+           b.k_ahead = false;
+         }
+     }},
+    {"key_stream",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block)
+         if (b.k_ahead_declined) {
+           b.score = detail::ScoreUnit::dot;
+           b.k_ahead = true;
+         }
      }},
     {"epilogue_out",
      [](Plan& pl) {

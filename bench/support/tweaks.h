@@ -26,6 +26,10 @@ namespace cpuattn {
 //   v_ahead_l1   decoding's scores prefetch V rows into L1 (BlockPath::v_ahead_l2 false)
 //   v_ahead_l2   decoding's scores prefetch V rows into L2, as the plan does on Intel for 2- and
 //                4-byte V
+//   key_runs     streamed blocks read K in four interleaved runs (ScoreUnit::dot_runs, as for
+//                pages smaller than a block) instead of one stream, as the plan does on Intel
+//   key_stream   streamed K in place that Intel's plan reads in runs goes as one stream with
+//                P V asking for the next block's K (k_ahead), as on other CPUs
 //   epilogue_out  the output epilogue writes every row, also those the f32 P V tiles of the last
 //                 key block would (BlockPath::out_in_pv)
 const std::vector<std::string>& plan_tweak_names();

@@ -112,6 +112,15 @@ bool bf16_dot_outpaces_fma() { return cpu_vendor_is("AuthenticAMD"); }
 // (#dm-decode-prefetch-zen3), so other CPUs keep L1. A vendor rule, as bf16_dot's.
 bool v_ahead_into_l2() { return cpu_vendor_is("GenuineIntel"); }
 
+// Whether streamed blocks read K in four interleaved runs (ScoreUnit::dot_runs) where the plan
+// would otherwise read it as one stream with P V asking for the next block's K (k_ahead). On a
+// Sapphire Rapids-class Xeon one core pulled 9-16% more bytes per second from four streams than
+// from the one stream and its software prefetches (D1, D2, M2: f32 and bf16; int8 on the native
+// unit), where on a Zen 5 the split had won 10-22% over the runs
+// (docs/performance.md#dm-key-runs-intel, #dm-k-ahead-in-pv, #dm-k-ahead-f32). A vendor rule,
+// as bf16_dot's; both read the same sums, bit for bit.
+bool keys_in_runs() { return cpu_vendor_is("GenuineIntel"); }
+
 // Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
 // leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
 // it keeps off until asked (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16; it fails where the kernel
@@ -179,8 +188,9 @@ Choice compute(Target cap, Simd provider) {
     static const bool amx = amx_bf16_runs();
     c.amx_bf16 = cap == Target::best && !c.bf16_dot && amx;
   }
-  static const bool v_l2 = v_ahead_into_l2();
+  static const bool v_l2 = v_ahead_into_l2(), k_runs = keys_in_runs();
   c.v_ahead_l2 = v_l2;
+  c.key_runs = k_runs;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
       sve_unit_runs(sve_bits)) {

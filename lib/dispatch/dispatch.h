@@ -54,6 +54,9 @@ struct Choice {
   // Whether decoding's scores prefetch V rows of 2- and 4-byte elements into L2, not L1 (Intel:
   // dispatch.cpp, v_ahead_into_l2).
   bool v_ahead_l2 = false;
+  // Whether streamed blocks read K in four runs where the plan would read one stream and have
+  // P V ask for the next block's K (Intel: dispatch.cpp, keys_in_runs).
+  bool key_runs = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

@@ -158,7 +158,8 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // Contiguous K/V with V read in place split the two streams between the phases (k_ahead): the
 // scores prefetch V beside K, P V the K read next, and K goes as one stream, four keys at a time
 // (docs/performance.md#dm-k-ahead-in-pv, #dm-k-ahead-f32); so do pages of a multiple of the
-// block, in which every block lies whole (#dm-paged-whole-blocks). Otherwise K goes in four
+// block, in which every block lies whole (#dm-paged-whole-blocks). That split is AMD's and ARM's;
+// Intel reads such K in the runs below (Choice::key_runs). Otherwise K goes in four
 // interleaved runs for smaller pages (a block's keys lie in several) and for contiguous K of
 // 2-byte or f32 elements with several rows, and as one stream for 1-byte K and one-row blocks
 // (bound by their instructions, they lost with runs).
@@ -208,12 +209,19 @@ BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, B
   } else {
     b.pv = b.kv == KvUnit::in_place ? PvUnit::runs : PvUnit::tile_f32;
   }
-  b.k_ahead = whole_pages && b.kv == KvUnit::in_place;
-  const bool runs = !b.k_ahead && (p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1));
+  // On Intel (Choice::key_runs) K in place goes in the runs too, except 1-byte K outside the
+  // native unit's few-row blocks: M2 int8, and D1 int8 capped at AVX2, read slower in runs there
+  // (docs/performance.md#dm-key-runs-intel).
+  const bool in_place = whole_pages && b.kv == KvUnit::in_place;
+  const bool key_runs = choice.key_runs && (dtype_size(p.k.dtype) > 1 || b.pv == PvUnit::runs_vnni);
+  b.k_ahead = in_place && !key_runs;
+  b.k_ahead_declined = in_place && key_runs;
+  const bool runs = in_place ? key_runs : p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1);
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
   // 1-byte V asks for 2 lines per key at Dv 128, little for L1's fill buffers; on an Emerald
   // Rapids int8 decoding read slower with them in L2 (docs/performance.md#dm-decode-prefetch-zen3).
-  b.v_ahead_l2 = b.score == ScoreUnit::dot && choice.v_ahead_l2 && dtype_size(p.v.dtype) > 1;
+  b.v_ahead_l2 = (b.score == ScoreUnit::dot || b.k_ahead_declined) && choice.v_ahead_l2 &&
+                 dtype_size(p.v.dtype) > 1;
   return b;
 }
 
@@ -313,7 +321,7 @@ std::string path_name(const FlashPath& path) {
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
          kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") +
-         (b.v_ahead_l2 ? "+v_l2" : "") + (b.out_in_pv ? "+out" : "");
+         (b.v_ahead_l2 && b.score == ScoreUnit::dot ? "+v_l2" : "") + (b.out_in_pv ? "+out" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

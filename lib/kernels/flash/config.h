@@ -81,8 +81,13 @@ struct BlockPath {
   // them already. Always chosen; `cpuattn bench --tweak no_scores_k_ahead` times the second ask
   // against the plan (a CPU-dependent trade: docs/performance.md#dm-scores-k-ahead).
   bool scores_k_ahead = true;
+  // Streamed K in place that reads in runs (ScoreUnit::dot_runs) by Intel's rule where other
+  // CPUs split the streams (k_ahead; config.cpp, choose_block). `cpuattn bench --tweak
+  // key_stream` times the split, `key_runs` the runs on any CPU.
+  bool k_ahead_declined = false;
   // The streamed scores (ScoreUnit::dot) ask for V rows into L2 (prefetcht2) rather than L1
-  // (detail::ScoresAhead): Intel, V of 2- and 4-byte elements (config.cpp, choose_block).
+  // (detail::ScoresAhead): Intel, V of 2- and 4-byte elements (config.cpp, choose_block). Kept
+  // for a block that declined k_ahead (its one stream under key_stream), in effect only on dot.
   // `cpuattn bench --tweak v_ahead_l1` / `v_ahead_l2` times either on any CPU.
   bool v_ahead_l2 = false;
   // The P V tiles of a query block's last key block write its rows' outputs (PvOut,
