@@ -170,30 +170,25 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units (bound
 // by memory, the native ones were slower there). Tiled bf16 blocks run on AMX where the choice
 // has it (amx_tiles), else on vdpbf16ps.
-BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, BlockKind kind,
-                       const FlashKernels& fk) {
-  const std::int64_t lanes = fk.lanes, block_keys = fk.block_keys;
-  const bool native = unit == FlashUnit::avx512_bf16;
-  // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
-  // two) every block lies in one page and reads as contiguous K/V does.
-  const bool whole_pages =
-      p.pages == nullptr || (std::int64_t{1} << p.page_shift) % block_keys == 0;
-  if (kind == BlockKind::tiled) {
-    if (native && amx_tiles(choice, p.q.dtype, p.k.dtype, p.D))
-      return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_amx, PvUnit::tile_amx};
-    if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
-        native_dot(p.k.dtype) == NativeDot::bf16_pairs)
-      return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
-    const bool v_rows_whole =
-        p.v.dtype == DType::f32 && p.Dv % lanes == 0 && p.v.s[2] == p.Dv && whole_pages;
-    const bool v_in_place =
-        v_rows_whole && (p.Dv <= fk.pv_chunk || v_chunk_fits_l1(p.Dv, fk.pv_chunk, block_keys));
-    BlockPath b{QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
-                PvUnit::tile_f32};
-    b.v_in_place_declined = v_rows_whole && !v_in_place;
-    return b;
-  }
-  const bool few = kind == BlockKind::stream_few;
+BlockPath tiled_block(const Problem& p, const Choice& choice, bool native, bool whole_pages,
+                      const FlashKernels& fk) {
+  if (native && amx_tiles(choice, p.q.dtype, p.k.dtype, p.D))
+    return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_amx, PvUnit::tile_amx};
+  if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
+      native_dot(p.k.dtype) == NativeDot::bf16_pairs)
+    return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
+  const bool v_rows_whole =
+      p.v.dtype == DType::f32 && p.Dv % fk.lanes == 0 && p.v.s[2] == p.Dv && whole_pages;
+  const bool v_in_place =
+      v_rows_whole && (p.Dv <= fk.pv_chunk || v_chunk_fits_l1(p.Dv, fk.pv_chunk, fk.block_keys));
+  BlockPath b{QUnit::f32, v_in_place ? KvUnit::k_packed : KvUnit::packed_f32, ScoreUnit::tile_f32,
+              PvUnit::tile_f32};
+  b.v_in_place_declined = v_rows_whole && !v_in_place;
+  return b;
+}
+
+BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bool few,
+                         bool whole_pages, std::int64_t lanes) {
   // bf16 products on vdpbf16ps only where the choice takes them (the native unit runs for AMX's
   // tiles without them: the streamed blocks of such a problem then keep the f32 units).
   const bool native_bf16 = native && few && choice.bf16_dot;
@@ -223,6 +218,17 @@ BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, B
   b.v_ahead_l2 = (b.score == ScoreUnit::dot || b.k_ahead_declined) && choice.v_ahead_l2 &&
                  dtype_size(p.v.dtype) > 1;
   return b;
+}
+
+BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, BlockKind kind,
+                       const FlashKernels& fk) {
+  const bool native = unit == FlashUnit::avx512_bf16;
+  // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
+  // two) every block lies in one page and reads as contiguous K/V does.
+  const bool whole_pages =
+      p.pages == nullptr || (std::int64_t{1} << p.page_shift) % fk.block_keys == 0;
+  if (kind == BlockKind::tiled) return tiled_block(p, choice, native, whole_pages, fk);
+  return streamed_block(p, choice, native, kind == BlockKind::stream_few, whole_pages, fk.lanes);
 }
 
 // Which kinds of query block the plan's tasks meet: blocks differ by their positions (the last
