@@ -81,9 +81,7 @@ class Mapping {
   Mapping() = default;
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (base_ != nullptr) ::munmap(base_, len_);
-  }
+  ~Mapping() { release(); }
 
   // Returns nullptr if the kernel refuses the mapping.
   unsigned char* dense(std::uint64_t bytes, bool at_end, unsigned char fill) {
@@ -119,7 +117,10 @@ class Mapping {
       std::size_t j = i + 1;
       while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
       unsigned char* start = lo_ + pages[i] * page;
-      if (::mprotect(start, (j - i) * page, PROT_READ | PROT_WRITE) != 0) return nullptr;
+      if (::mprotect(start, (j - i) * page, PROT_READ | PROT_WRITE) != 0) {
+        release();  // so that a fallback dense() starts from nothing (not from these runs)
+        return nullptr;
+      }
       std::memset(start, fill, (j - i) * page);
       runs_.emplace_back(start, (j - i) * page);
       i = j;
@@ -143,12 +144,21 @@ class Mapping {
   unsigned char* hi() const { return hi_; }
 
  private:
+  // A Mapping holds one reservation: a second one replaces (and unmaps) the first.
   bool reserve(std::uint64_t len, int prot) {
+    release();
     void* p = ::mmap(nullptr, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return false;
     base_ = static_cast<unsigned char*>(p);
     len_ = len;
     return true;
+  }
+
+  void release() {
+    if (base_ != nullptr) ::munmap(base_, len_);
+    base_ = lo_ = hi_ = data_ = nullptr;
+    len_ = 0;
+    runs_.clear();
   }
 
   unsigned char* base_ = nullptr;
