@@ -78,7 +78,15 @@ hm::Image read_png(const std::string& path) {
 }
 
 // Whether every pixel of cell (r, c) has colour `want`.
+// A cell outside the image is a failure, not a read past its pixels (an image that failed to
+// decode is empty).
 ::testing::AssertionResult cell_is(const hm::Image& img, int cell, int r, int c, hm::Rgb want) {
+  if ((c + 1) * cell > img.width || (r + 1) * cell > img.height ||
+      img.rgb.size() != static_cast<std::size_t>(img.width) * img.height * 3) {
+    return ::testing::AssertionFailure()
+           << "cell (" << r << ", " << c << ") of " << cell << " pixels is outside the "
+           << img.width << " x " << img.height << " image";
+  }
   for (int y = r * cell; y < (r + 1) * cell; ++y) {
     for (int x = c * cell; x < (c + 1) * cell; ++x) {
       if (!(img.at(x, y) == want)) {
