@@ -359,11 +359,9 @@ TEST(Bf16Path, BestTakesTheNativeUnitOnlyWhereItsProductsAreFaster) {
 // score is -inf is dropped as in f32 (hi * inf + 0 * inf would make the row NaN), and a +inf
 // score makes the row NaN as the reference does.
 TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
-  // machine_runs first: another architecture refuses the name (an Error, not a skip).
   if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
   Context ctx;
   ctx.set_max_target(Target::avx512_bf16);
-  // A cap that names the target runs its products on every CPU (dispatch.cpp, compute()).
   ASSERT_STREQ(active_bf16_path(&ctx), "avx512_bf16");
   const std::int64_t H = 4, Hkv = 1, Lk = 45, D = 64, Dv = 64;
   std::vector<float> q = random_floats(H * D, 61);
@@ -400,11 +398,9 @@ TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
 // infinities and NaNs column by column (a zero V element times an infinite scale is NaN, the
 // others +-inf); the other rows stay within 2^-9 max|v|.
 TEST(NativeInt8Decode, NonFiniteScalesMatchF32) {
-  // machine_runs first: another architecture refuses the name (an Error, not a skip).
   if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
   Context ctx;
   ctx.set_max_target(Target::avx512_bf16);
-  // A cap that names the target runs its products on every CPU (dispatch.cpp, compute()).
   ASSERT_STREQ(active_bf16_path(&ctx), "avx512_bf16");
   const std::int64_t H = 8, Hkv = 2, Lk = 37, D = 48, Dv = 64;
   const std::vector<float> q = random_floats(H * D, 71);

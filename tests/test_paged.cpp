@@ -313,11 +313,9 @@ TEST(Paged, NativeDecodeWithF32Q) {
   // split into hi + lo, P V over the pages' V rows in place; over int8 pages, P V on VNNI. Pages
   // of 1 make every run one key (each paired with a zero row), D 72 ends in a partial 32, Dv 96
   // is a 64 and a 32 group.
-  // machine_runs first: another architecture refuses the name (an Error, not a skip).
   if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
   Context ctx;
   ctx.set_max_target(Target::avx512_bf16);
-  // A cap that names the target runs its products on every CPU (dispatch.cpp, compute()).
   ASSERT_STREQ(active_bf16_path(&ctx), "avx512_bf16");
   for (DType dt : {DType::bf16, DType::i8})
     for (std::int64_t P : {1, 2, 16, 128}) {

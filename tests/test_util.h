@@ -74,7 +74,10 @@ inline bool cpuinfo_has_flag(const std::string& flag) {
   return false;
 }
 
-// Whether this CPU and build run target t (a cap of another architecture's target is refused).
+// Whether this CPU and build run target t (a cap of another architecture's target is refused, so
+// a test asks this before it caps a Context at avx512_bf16). A cap that names avx512_bf16 runs
+// the native unit's bf16 products on every CPU that has it (dispatch.cpp, compute()), which the
+// native-unit tests assert after capping.
 inline bool machine_runs(Target t) {
   Context c(0);
   try {

@@ -118,7 +118,7 @@ class Mapping {
       while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
       unsigned char* start = lo_ + pages[i] * page;
       if (::mprotect(start, (j - i) * page, PROT_READ | PROT_WRITE) != 0) {
-        release();  // so that a fallback dense() starts from nothing (not from these runs)
+        release();  // a refused mapping holds nothing, as one whose reserve() failed
         return nullptr;
       }
       std::memset(start, fill, (j - i) * page);
