@@ -47,13 +47,16 @@ inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
 // D = 128), so side by side still moves through memory in order. 2-byte rows of several Q rows on
 // AVX2 as well: key after key, each step is R Q loads and a widening K load for R FMAs, more loads
 // than a core serves beside two FMA pipes; two keys side by side take R + 2 loads for 2R FMAs
-// (docs/performance.md#dm-decode-bf16-side-by-side).
-template <class T, int R>
-inline constexpr bool kKeysSideBySide = sizeof(T) == 1 ||
+// (docs/performance.md#dm-decode-bf16-side-by-side). Keys of four runs (kRuns: RunsStep4) lie in
+// four streams whatever the order, so they go side by side too: key after key, AVX-512's f32 step
+// was R Q loads and a K load for R FMAs, 5 loads for 4 FMAs at R = 4
+// (docs/performance.md#dm-runs-side-by-side).
+template <class T, int R, bool kRuns>
+inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
                                         (sizeof(T) == 2 && R >= 2 && CPUATTN_SIMD_BITS == 256);
 
 // Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses.
-template <class O, int R, int G, class T>
+template <class O, int R, int G, class T, bool kRuns>
 CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
                                    std::int64_t dv, const T* const* k, typename O::V (&acc)[R][G]) {
   constexpr int N = O::kLanes;
@@ -62,7 +65,7 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
     CPUATTN_UNROLL(4)
     for (int g = 0; g < G; ++g) acc[r][g] = O::Zero();
   }
-  if constexpr (kKeysSideBySide<T, R>) {
+  if constexpr (kKeysSideBySide<T, R, kRuns>) {
     for (std::int64_t d = 0; d < dv; d += N) {
       typename O::V kv[G];
       CPUATTN_UNROLL(4)
@@ -92,7 +95,8 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
 // chains per row where one key at a time waits on one (a single row, MHA decoding, was bound by
 // the FMA latency on AVX2).
 // kHiLo: the Qp rows carry bf16 hi/lo copies (QUnit::f32_hilo) and bf16 K runs on vdpbf16ps.
-template <class O, bool kHiLo, int R, class T>
+// kRuns: the four keys come from four runs (kKeysSideBySide).
+template <class O, bool kHiLo, int R, class T, bool kRuns>
 CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t dp, std::int64_t D,
                                 const T* const (&k)[4], __m128 (&sum)[R]) {
   static_assert(R <= kDot4Rows);
@@ -105,7 +109,7 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
   const std::int64_t dv = D / O::kLanes * O::kLanes;
 #if CPUATTN_SIMD_BITS == 512
   typename O::V acc[R][4];
-  DotKeys<O, R, 4, T>(qd, dp, dv, k, acc);
+  DotKeys<O, R, 4, T, kRuns>(qd, dp, dv, k, acc);
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) {
     sum[r] = x86::ReduceSum4(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]), O::ToRaw(acc[r][2]),
@@ -116,7 +120,7 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
   CPUATTN_UNROLL(2)
   for (int h = 0; h < 2; ++h) {
     typename O::V acc[R][2];
-    DotKeys<O, R, 2, T>(qd, dp, dv, k + 2 * h, acc);
+    DotKeys<O, R, 2, T, kRuns>(qd, dp, dv, k + 2 * h, acc);
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r)
       pairs[h][r] = x86::PairSum(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]));
@@ -145,12 +149,12 @@ CPUATTN_ALWAYS_INLINE void Dot4Rows(const float* CPUATTN_RESTRICT qd, std::int64
                                     std::int64_t D, const T* const (&k)[4], __m128 (&sum)[R]) {
   static_assert(R <= 2 * kDot4Rows);
   if constexpr (R <= kDot4Rows) {
-    Dot4<O, kHiLo, R, T>(qd, dp, D, k, sum);
+    Dot4<O, kHiLo, R, T, false>(qd, dp, D, k, sum);
   } else {
     constexpr int R0 = (R + 1) / 2;
     __m128 lo[R0], hi[R - R0];
-    Dot4<O, kHiLo, R0, T>(qd, dp, D, k, lo);
-    Dot4<O, kHiLo, R - R0, T>(qd + R0 * dp, dp, D, k, hi);
+    Dot4<O, kHiLo, R0, T, false>(qd, dp, D, k, lo);
+    Dot4<O, kHiLo, R - R0, T, false>(qd + R0 * dp, dp, D, k, hi);
     CPUATTN_UNROLL(8)
     for (int r = 0; r < R0; ++r) sum[r] = lo[r];
     CPUATTN_UNROLL(8)

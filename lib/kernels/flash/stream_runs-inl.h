@@ -43,7 +43,7 @@ CPUATTN_ALWAYS_INLINE void RunsStep4(const float* qd, std::int64_t dp, std::int6
                                      std::int64_t v_stride, std::int64_t v_bytes) {
   const T* const k4[4] = {g4[0].k + t * ks, g4[1].k + t * ks, g4[2].k + t * ks, g4[3].k + t * ks};
   __m128 sum[R];
-  Dot4<O, kHiLo, R, T>(qd, dp, D, k4, sum);
+  Dot4<O, kHiLo, R, T, true>(qd, dp, D, k4, sum);
   for (int g = 0; g < 4; ++g)
     for (std::int64_t off = 0; off < v_bytes; off += 64)
       detail::Prefetch<1>(g4[g].v + t * v_stride + off);
