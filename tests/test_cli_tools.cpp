@@ -191,6 +191,23 @@ TEST_F(Cli, BenchColdFlushesTwiceTheLastLevelCache) {
   EXPECT_FALSE(json_lines(warm.out).at(0).contains("cold_mib")) << warm.out;
 }
 
+// --huge-pages puts the case's buffers of 2 MiB and more (K and V here: 4 MiB each) on 2 MiB
+// pages; the records and the table say so, and a run without the flag carries no such field.
+TEST_F(Cli, BenchHugePagesMarksItsRecords) {
+  const Result r = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 2 --json --huge-pages");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Json> recs = json_lines(r.out);
+  ASSERT_EQ(recs.size(), 1u) << r.out;
+  EXPECT_TRUE(recs[0].at("huge_pages").get<bool>()) << recs[0].dump();
+  EXPECT_GT(recs[0].at("median_ms").get<double>(), 0.0) << recs[0].dump();
+  const Result table = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --huge-pages");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("on 2 MiB pages"), std::string::npos) << table.out;
+  const Result plain = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --json");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_FALSE(json_lines(plain.out).at(0).contains("huge_pages")) << plain.out;
+}
+
 // profile --tweak runs the profiled calls with the tweak: a small output is streamed only with
 // stream_out, and the record names the tweak.
 TEST_F(Cli, ProfileRunsThePlanTweak) {

@@ -3,6 +3,7 @@
 #include "cases.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -14,15 +15,22 @@
 
 #include "cpuattn/layers.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace cpuattn::cli {
 
 using bench::named_shapes;
 
 namespace {
 
+std::atomic<bool> huge_pages{false};  // set_huge_page_buffers
+
 // Attention inputs and outputs are 64-byte aligned, as frameworks allocate tensors (PyTorch's
 // CPU allocator aligns to 64): std::vector's 16-byte alignment would keep the kernel off its
-// aligned paths (the non-temporal output stores).
+// aligned paths (the non-temporal output stores). With huge_pages, buffers of 2 MiB and more are
+// whole 2 MiB pages, advised MADV_HUGEPAGE (set_huge_page_buffers).
 template <class T>
 struct Aligned64 {
   using value_type = T;
@@ -30,8 +38,15 @@ struct Aligned64 {
   template <class U>
   explicit Aligned64(const Aligned64<U>&) {}
   T* allocate(std::size_t n) {
-    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    constexpr std::size_t kHugePage = std::size_t{2} << 20;
+    const std::size_t bytes = n * sizeof(T);
+    const std::size_t align = huge_pages.load() && bytes >= kHugePage ? kHugePage : 64;
+    const std::size_t size = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, size);
     if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == kHugePage) (void)madvise(p, size, MADV_HUGEPAGE);  // advice: THP may be "never"
+#endif
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t) { std::free(p); }
@@ -55,6 +70,9 @@ void fill(Vec& x, std::uint32_t seed) {
 constexpr std::int64_t kDm = 768, kHeads = 12, kTokens = 4096;
 
 }  // namespace
+
+void set_huge_page_buffers(bool on) { huge_pages.store(on); }
+bool huge_page_buffers() { return huge_pages.load(); }
 
 Shape parse_shape(const std::string& text, bool causal) {
   if (auto it = named_shapes().find(text); it != named_shapes().end()) {

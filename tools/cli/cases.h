@@ -17,6 +17,15 @@ using Shape = bench::Shape;
 // Throws std::invalid_argument naming the text.
 Shape parse_shape(const std::string& text, bool causal);
 
+// Whether the cases made from now on put each buffer of 2 MiB or more that they allocate
+// themselves (the attention shapes' Q, K, V and out; not the library's own caches) on 2
+// MiB-aligned memory advised MADV_HUGEPAGE, as the read probe's is, so that a decoding step and
+// the probe read the same kind of pages (`bench --huge-pages`, where the kernel grants
+// transparent huge pages). Off by default: a framework's tensors are ordinary 64-byte-aligned
+// allocations. Process-wide.
+void set_huge_page_buffers(bool on);
+bool huge_page_buffers();
+
 // A part of a case's work as the roofline model sees it: `flops` on the FMA pipes, of which they
 // can spend `fma_share` on the counted flops (attention's softmax runs on the same pipes;
 // `fma_share_native` when the products ran as bf16 pairs, two multiply-adds a lane;

@@ -50,7 +50,8 @@ struct Options {
   std::vector<std::string> kv_dtypes;             // K/V dtypes; empty: each Q dtype
   std::vector<std::string> variants = {"plain"};  // score variants (cases.h)
   std::string layout = "bhld";                    // attention shapes' memory layout (cases.h)
-  bool cold = false;  // every timed call starts with its inputs out of the caches (Flusher)
+  bool cold = false;        // every timed call starts with its inputs out of the caches (Flusher)
+  bool huge_pages = false;  // the cases' buffers on 2 MiB pages (set_huge_page_buffers)
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -265,6 +266,11 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     std::printf("cold: %zu MiB read before every timed call (twice the last-level cache)\n",
                 flush_mib);
   }
+  if (o.huge_pages) {
+    std::printf(
+        "inputs and outputs of 2 MiB and more on 2 MiB pages (MADV_HUGEPAGE), as the "
+        "read probe's\n");
+  }
   std::vector<Target> caps;
   for (const Variant& v : variants) {
     if (std::find(caps.begin(), caps.end(), v.cap) == caps.end()) caps.push_back(v.cap);
@@ -461,6 +467,7 @@ void time_point(const Options& o, const BenchPlan& bp, std::size_t pi, Progress&
     if (point_probe) r["point_fma_gflops"] = point_fma;
     if (!o.tweaks.empty()) r["tweak"] = bp.variants[i / nd].tweak;
     if (flusher != nullptr) r["cold_mib"] = flusher->mib();
+    if (o.huge_pages) r["huge_pages"] = true;
     rows.push_back(
         {std::move(r), ci.flops, ci.bytes, ci.memory_bound, bp.variants[i / nd].cap, ci.parts});
   }
@@ -542,6 +549,7 @@ void write_results(const Options& o, const std::vector<Json>& recs, const Probes
 }
 
 int run_bench(const Options& o) {
+  set_huge_page_buffers(o.huge_pages);
   const BenchPlan bp = plan_bench(o);
   Probes probes;
   probes.measure(bp.variants, bp.threads);
@@ -657,6 +665,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "--cold", opts->cold,
       "Read a buffer of twice the last-level cache before every timed call (untimed), "
       "so that each call reads its inputs from memory; records carry the buffer's size, cold_mib");
+  cmd->add_flag("--huge-pages", opts->huge_pages,
+                "Put each input and output of 2 MiB or more on 2 MiB pages advised MADV_HUGEPAGE, "
+                "as the read probe's buffer is (where the kernel grants transparent huge pages); "
+                "records carry huge_pages");
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)
