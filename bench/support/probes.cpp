@@ -88,12 +88,7 @@ struct ProbeBuffer {
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
   explicit ProbeBuffer(std::size_t bytes)
       : size((bytes + kHugePage - 1) / kHugePage * kHugePage),
-        p(static_cast<float*>(std::aligned_alloc(kHugePage, size))) {
-    if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    (void)madvise(p, size, MADV_HUGEPAGE);  // advice: with THP "never" it changes nothing
-#endif
-  }
+        p(static_cast<float*>(alloc_huge_pages(bytes))) {}
   ~ProbeBuffer() { std::free(p); }
   ProbeBuffer(const ProbeBuffer&) = delete;
   ProbeBuffer& operator=(const ProbeBuffer&) = delete;
@@ -132,6 +127,17 @@ double kernel_probe_gflops(int threads, const Context* context,
 }
 
 }  // namespace
+
+void* alloc_huge_pages(std::size_t bytes) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, size);
+  if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  (void)madvise(p, size, MADV_HUGEPAGE);  // advice: with THP "never" it changes nothing
+#endif
+  return p;
+}
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
   check_threads(threads);

@@ -34,6 +34,12 @@ double measure_block_gflops(int threads, const Context* context = nullptr);
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes = std::size_t{1} << 30,
                                    const Context* context = nullptr);
 
+// `bytes` rounded up to whole 2 MiB pages, 2 MiB-aligned and advised MADV_HUGEPAGE (Linux), so
+// that where the kernel grants transparent huge pages (its usual mode, "madvise", gives them only
+// to memory that asks) a stream over it misses the TLB once per 2 MiB instead of every 4 KiB.
+// Free with std::free. Throws std::bad_alloc. The read probe's buffer; `bench --huge-pages`.
+void* alloc_huge_pages(std::size_t bytes);
+
 // The unfused three-pass baseline (scores materialized per head, softmax, then P V) on the
 // context's threads: f32, no masks, no lse. Same argument checks as attention().
 void unfused_attention(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -14,10 +14,7 @@
 #include <vector>
 
 #include "cpuattn/layers.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "probes.h"
 
 namespace cpuattn::cli {
 
@@ -38,15 +35,11 @@ struct Aligned64 {
   template <class U>
   explicit Aligned64(const Aligned64<U>&) {}
   T* allocate(std::size_t n) {
-    constexpr std::size_t kHugePage = std::size_t{2} << 20;
     const std::size_t bytes = n * sizeof(T);
-    const std::size_t align = huge_pages.load() && bytes >= kHugePage ? kHugePage : 64;
-    const std::size_t size = (bytes + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, size);
+    if (huge_pages.load() && bytes >= (std::size_t{2} << 20))
+      return static_cast<T*>(alloc_huge_pages(bytes));
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == kHugePage) (void)madvise(p, size, MADV_HUGEPAGE);  // advice: THP may be "never"
-#endif
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t) { std::free(p); }
