@@ -208,6 +208,27 @@ TEST_F(Cli, BenchHugePagesMarksItsRecords) {
   EXPECT_FALSE(json_lines(plain.out).at(0).contains("huge_pages")) << plain.out;
 }
 
+// --read-4k adds the read probe on 4 KiB pages: every record carries it, a memory-bound one also
+// its fraction of it (the same rate over the other probe), and the table's header prints it.
+TEST_F(Cli, BenchRead4kAddsTheSmallPageProbe) {
+  const Result r = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 2 --json --read-4k");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<Json> recs = json_lines(r.out);
+  ASSERT_EQ(recs.size(), 1u) << r.out;
+  const Json& rec = recs[0];
+  const double read_4k = rec.at("read_gbps_4k").get<double>();
+  EXPECT_GT(read_4k, 0.0) << rec.dump();
+  EXPECT_NEAR(rec.at("pct_bw_4k").get<double>(), 100.0 * rec.at("gbps").get<double>() / read_4k,
+              1e-9 * rec.at("pct_bw_4k").get<double>())
+      << rec.dump();
+  const Result table = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --read-4k");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("GB/s read on 4 KiB pages"), std::string::npos) << table.out;
+  const Result plain = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --json");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_FALSE(json_lines(plain.out).at(0).contains("read_gbps_4k")) << plain.out;
+}
+
 // profile --tweak runs the profiled calls with the tweak: a small output is streamed only with
 // stream_out, and the record names the tweak.
 TEST_F(Cli, ProfileRunsThePlanTweak) {

@@ -83,17 +83,31 @@ double best_gflops(int threads, Probe&& probe) {
 // kernel grants transparent huge pages (its usual mode, "madvise", gives them only to memory that
 // asks) the probe streams without a TLB miss every 4 KiB, which in a virtual machine is a
 // two-level page walk, and its first touch takes 512 page faults per GiB instead of 262,144.
-// The probe is the ceiling of one stream per thread (docs/performance.md#dm-huge-pages).
+// The probe is the ceiling of one stream per thread (docs/performance.md#dm-huge-pages). The
+// 4 KiB one (ProbePages::small) is advised MADV_NOHUGEPAGE, so that THP "always" leaves it small:
+// the ceiling of a plain stream over memory as a default allocation lies
+// (docs/performance.md#dm-read-4k-pages).
 struct ProbeBuffer {
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
-  explicit ProbeBuffer(std::size_t bytes)
+  ProbeBuffer(std::size_t bytes, ProbePages pages)
       : size((bytes + kHugePage - 1) / kHugePage * kHugePage),
-        p(static_cast<float*>(alloc_huge_pages(bytes))) {}
+        p(static_cast<float*>(pages == ProbePages::huge ? alloc_huge_pages(bytes)
+                                                        : alloc_small_pages(size))) {}
   ~ProbeBuffer() { std::free(p); }
   ProbeBuffer(const ProbeBuffer&) = delete;
   ProbeBuffer& operator=(const ProbeBuffer&) = delete;
   const std::size_t size;  // whole huge pages
   float* const p;
+
+ private:
+  static void* alloc_small_pages(std::size_t size) {
+    void* p = std::aligned_alloc(kHugePage, size);
+    if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_NOHUGEPAGE)
+    (void)madvise(p, size, MADV_NOHUGEPAGE);  // advice: without THP it changes nothing
+#endif
+    return p;
+  }
 };
 
 // The read probe's buffer is kept from call to call (a bench run reads it for every target and
@@ -101,19 +115,20 @@ struct ProbeBuffer {
 // run's time, since zeroing each new page is slow in a virtual machine whose host also backs the
 // page on first touch (docs/performance.md#dm-probe-buffer). It grows when a call asks for more.
 std::mutex probe_buffer_mutex;
-std::unique_ptr<ProbeBuffer> probe_buffer_kept;
+std::unique_ptr<ProbeBuffer> probe_buffer_kept[2];  // by ProbePages
 
-// A buffer of at least n floats, every page mapped; a new one is first touched by the `threads`
-// threads that will read it, `per` floats each, so each page sits where its reader runs.
-const float* probe_buffer(std::size_t n, int threads, std::size_t per) {
-  if (!probe_buffer_kept || probe_buffer_kept->size < n * sizeof(float)) {
-    probe_buffer_kept.reset();  // the old one goes first: two 1 GiB buffers at once are not needed
-    probe_buffer_kept = std::make_unique<ProbeBuffer>(n * sizeof(float));
-    float* const p = probe_buffer_kept->p;
+// A buffer of at least n floats on `pages`, every page mapped; a new one is first touched by the
+// `threads` threads that will read it, `per` floats each, so each page sits where its reader runs.
+const float* probe_buffer(std::size_t n, int threads, std::size_t per, ProbePages pages) {
+  std::unique_ptr<ProbeBuffer>& kept = probe_buffer_kept[static_cast<int>(pages)];
+  if (!kept || kept->size < n * sizeof(float)) {
+    kept.reset();  // the old one goes first: two 1 GiB buffers of one kind at once are not needed
+    kept = std::make_unique<ProbeBuffer>(n * sizeof(float), pages);
+    float* const p = kept->p;
     run_concurrently(threads, [&](int t) { std::fill(p + t * per, p + (t + 1) * per, 1.0f); });
-    std::fill(p + threads * per, p + probe_buffer_kept->size / sizeof(float), 1.0f);
+    std::fill(p + threads * per, p + kept->size / sizeof(float), 1.0f);
   }
-  return probe_buffer_kept->p;
+  return kept->p;
 }
 
 // A kernel probe (one of ProbeKernels' rep-count members) at about 1.2 GFLOP a repetition, so that
@@ -155,13 +170,14 @@ double measure_block_gflops(int threads, const Context* context) {
   return kernel_probe_gflops(threads, context, &detail::ProbeKernels::block);
 }
 
-double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context) {
+double measure_read_bandwidth_gbps(int threads, std::size_t bytes, const Context* context,
+                                   ProbePages pages) {
   check_threads(threads);
   const detail::ProbeKernels& ki = kernels(context);
   const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / 1024 * 1024, 1024);
   const std::size_t per = n / threads / 64 * 64;
   const std::lock_guard<std::mutex> lock(probe_buffer_mutex);
-  const float* const data = probe_buffer(n, threads, per);
+  const float* const data = probe_buffer(n, threads, per, pages);
   double best = 0;
   volatile float sink = 0;
   for (int rep = 0; rep < 3; ++rep) {

@@ -27,12 +27,17 @@ double measure_tile_gflops(int threads, const Context* context = nullptr);
 // 0.2 s.
 double measure_block_gflops(int threads, const Context* context = nullptr);
 
+// The pages of the read probe's buffer: 2 MiB (transparent huge pages where the kernel grants
+// them) or 4 KiB (advised MADV_NOHUGEPAGE, as a tensor of the default allocator lies).
+enum class ProbePages { huge, small };
+
 // Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
-// memory (default 1 GiB, far larger than any cache here), on transparent huge pages where the
-// kernel grants them. The buffer stays allocated for the next call, for the rest of the process
-// (its first touch costs more than the reads); calls are serialised.
+// memory (default 1 GiB, far larger than any cache here) on `pages`. The buffer stays allocated
+// for the next call, for the rest of the process (its first touch costs more than the reads),
+// one per page size; calls are serialised.
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes = std::size_t{1} << 30,
-                                   const Context* context = nullptr);
+                                   const Context* context = nullptr,
+                                   ProbePages pages = ProbePages::huge);
 
 // `bytes` rounded up to whole 2 MiB pages, 2 MiB-aligned and advised MADV_HUGEPAGE (Linux), so
 // that where the kernel grants transparent huge pages (its usual mode, "madvise", gives them only

@@ -52,6 +52,7 @@ struct Options {
   std::string layout = "bhld";                    // attention shapes' memory layout (cases.h)
   bool cold = false;        // every timed call starts with its inputs out of the caches (Flusher)
   bool huge_pages = false;  // the cases' buffers on 2 MiB pages (set_huge_page_buffers)
+  bool read_4k = false;     // the read probe on 4 KiB pages as well (ProbePages::small)
 };
 
 // One measured configuration: a case at a thread count, with the sweep value that made it.
@@ -156,7 +157,8 @@ class Flusher {
 // The probes, per (target cap, threads); the best reading over providers and over the runs
 // before and after the cases (a neighbour on a shared core lowers single readings).
 struct Probes {
-  std::map<std::pair<int, int>, double> peak, tile, block, bw;
+  bool small_pages = false;  // measure bw_4k as well
+  std::map<std::pair<int, int>, double> peak, tile, block, bw, bw_4k;
   void measure(const std::vector<Variant>& variants, const std::vector<int>& threads) {
     for (int t : threads) {
       for (std::size_t i = 0; i < variants.size(); ++i) {
@@ -173,6 +175,10 @@ struct Probes {
         tile[key] = std::max(tile[key], measure_tile_gflops(t, &ctx));
         block[key] = std::max(block[key], measure_block_gflops(t, &ctx));
         bw[key] = std::max(bw[key], measure_read_bandwidth_gbps(t, std::size_t{1} << 30, &ctx));
+        if (small_pages) {
+          bw_4k[key] = std::max(bw_4k[key], measure_read_bandwidth_gbps(t, std::size_t{1} << 30,
+                                                                        &ctx, ProbePages::small));
+        }
       }
     }
   }
@@ -286,6 +292,7 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
           target_name(active_target(&capped)), t, t > 1 ? "s" : "", pr.peak.at(key),
           pr.tile.at(key), 100.0 * pr.tile.at(key) / pr.peak.at(key), pr.block.at(key),
           100.0 * pr.block.at(key) / pr.peak.at(key), pr.bw.at(key));
+      if (pr.small_pages) std::printf("  and %.1f GB/s read on 4 KiB pages\n", pr.bw_4k.at(key));
     }
   }
   const bool threads_sweep = o.sweep == "threads";
@@ -490,6 +497,10 @@ void add_rates(const Options& o, Row& row, const std::vector<Row>& rows, Probes&
   r["block_gflops"] = probes.block[key];
   r["read_gbps"] = probes.bw[key];
   if (row.memory_bound) r["pct_bw"] = 100.0 * gbps / probes.bw[key];
+  if (probes.small_pages) {
+    r["read_gbps_4k"] = probes.bw_4k[key];
+    if (row.memory_bound) r["pct_bw_4k"] = 100.0 * gbps / probes.bw_4k[key];
+  }
   // The model's limit (cases.h: WorkPart) at this run's probes: FMA time at the softmax-adjusted
   // share of the peak or read time, whichever is longer, part after part.
   // AMX runs the tiled blocks only: a decoding step's streamed blocks keep the f32 units.
@@ -552,6 +563,7 @@ int run_bench(const Options& o) {
   set_huge_page_buffers(o.huge_pages);
   const BenchPlan bp = plan_bench(o);
   Probes probes;
+  probes.small_pages = o.read_4k;
   probes.measure(bp.variants, bp.threads);
   std::vector<Row> rows;
   Progress progress;
@@ -669,6 +681,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                 "Put each input and output of 2 MiB or more on 2 MiB pages advised MADV_HUGEPAGE, "
                 "as the read probe's buffer is (where the kernel grants transparent huge pages); "
                 "records carry huge_pages");
+  cmd->add_flag("--read-4k", opts->read_4k,
+                "Probe reads on 4 KiB pages as well (advised MADV_NOHUGEPAGE, as memory from the "
+                "default allocator lies), the ceiling of a plain stream over the cases' inputs "
+                "without --huge-pages; records carry read_gbps_4k (and pct_bw_4k where they carry "
+                "pct_bw)");
   cmd->add_option("--repeat", opts->repeat,
                   "Timed runs per case; the median is reported (default 7; 3 for sweeps)")
       ->check(CLI::PositiveNumber)
