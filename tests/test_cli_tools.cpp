@@ -224,6 +224,7 @@ TEST_F(Cli, BenchRead4kAddsTheSmallPageProbe) {
   const Result table = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --read-4k");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("GB/s read on 4 KiB pages"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("%bw4k"), std::string::npos) << table.out;
   const Result plain = run("bench --shape 1,2,1,4096,128 --threads 1 --repeat 1 --json");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_FALSE(json_lines(plain.out).at(0).contains("read_gbps_4k")) << plain.out;

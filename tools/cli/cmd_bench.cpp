@@ -296,9 +296,10 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
     }
   }
   const bool threads_sweep = o.sweep == "threads";
-  std::printf("\n%-6s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s %9s %-6s %7s", "shape", "dims",
-              "target", "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw",
-              "limit_ms", "bound", "%limit");
+  std::printf("\n%-6s %-34s %-11s %-7s %-9s %7s %10s %9s %7s %8s %6s", "shape", "dims", "target",
+              "simd", "dtype", "threads", "median_ms", "GFLOP/s", "%peak", "GB/s", "%bw");
+  if (pr.small_pages) std::printf(" %6s", "%bw4k");
+  std::printf(" %9s %-6s %7s", "limit_ms", "bound", "%limit");
   if (threads_sweep) std::printf(" %8s %6s %8s", "speedup", "eff", "fma_x");
   if (!o.tweaks.empty()) std::printf(" %-11s", "tweak");
   std::printf("\n");
@@ -312,11 +313,15 @@ void print_table(const Options& o, const std::vector<Json>& recs, const Probes& 
                 r["simd"].get<std::string>().c_str(), dt.c_str(), r["threads"].get<int>(),
                 r["median_ms"].get<double>(), r["gflops"].get<double>(),
                 r["pct_peak"].get<double>(), r["gbps"].get<double>());
-    if (r.contains("pct_bw")) {
-      std::printf(" %5.1f%%", r["pct_bw"].get<double>());
-    } else {
-      std::printf(" %6s", "");
-    }
+    const auto percent = [&](const char* field) {
+      if (r.contains(field)) {
+        std::printf(" %5.1f%%", r[field].get<double>());
+      } else {
+        std::printf(" %6s", "");
+      }
+    };
+    percent("pct_bw");
+    if (pr.small_pages) percent("pct_bw_4k");
     std::printf(" %9.3f %-6s %6.1f%%", r["limit_ms"].get<double>(),
                 r["limit"].get<std::string>().c_str(), r["pct_limit"].get<double>());
     if (threads_sweep) {
