@@ -32,9 +32,10 @@ double measure_block_gflops(int threads, const Context* context = nullptr);
 enum class ProbePages { huge, small };
 
 // Sustained read bandwidth in GB/s (1e9 bytes/s) with `threads` threads, streaming `bytes` of
-// memory (default 1 GiB, far larger than any cache here) on `pages`. The buffer stays allocated
-// for the next call, for the rest of the process (its first touch costs more than the reads),
-// one per page size; calls are serialised.
+// memory (default 1 GiB, far larger than any cache here) on `pages`: the best of three passes of
+// each of two loops (ProbeKernels::read, read_spilled), the faster of which depends on the CPU. The
+// buffer stays allocated for the next call, for the rest of the process (its first touch costs more
+// than the reads), one per page size; calls are serialised.
 double measure_read_bandwidth_gbps(int threads, std::size_t bytes = std::size_t{1} << 30,
                                    const Context* context = nullptr,
                                    ProbePages pages = ProbePages::huge);
@@ -62,8 +63,10 @@ struct ProbeKernels {
   double (*tile)(std::int64_t reps);
   // One K/V block of the fused loop on cached data, `reps` times; returns the flops executed.
   double (*block)(std::int64_t reps);
-  // Sums n floats (n a multiple of 64) with vector loads.
+  // Sums n floats (n a multiple of 64) with vector loads, four sums in registers.
   float (*read)(const float* data, std::size_t n);
+  // The same sum with the four sums kept in memory (a load and a store per vector).
+  float (*read_spilled)(const float* data, std::size_t n);
   // The unfused baseline for one (b, h).
   void (*unfused_head)(const Problem&, std::int64_t b, std::int64_t h, Scratch&);
 };
