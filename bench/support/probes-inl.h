@@ -145,7 +145,7 @@ float ReadProbe(const float* data, std::size_t n) {
 // ReadProbe with each of the four sums kept in memory: per vector, a load of the sum, the add of
 // the data, a store of the sum (the barrier, which sees the sums' address, keeps the compiler
 // from holding them in registers).
-// On a Xeon this streamed about a fifth faster than ReadProbe, whose loads all go out at once
+// On some CPUs this streams faster than ReadProbe, whose loads all go out at once
 // (docs/performance.md#dm-read-probe-forms); the probe takes the better of the two.
 template <class O>
 float ReadProbeSpilled(const float* data, std::size_t n) {
