@@ -79,6 +79,23 @@ double best_gflops(int threads, Probe&& probe) {
   return best;
 }
 
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+// `bytes` rounded up to whole 2 MiB pages, 2 MiB-aligned, advised to take huge pages or not
+// (Linux: MADV_HUGEPAGE / MADV_NOHUGEPAGE; advice, which THP "never" or "always" may override).
+// Free with std::free.
+void* alloc_pages(std::size_t bytes, ProbePages pages) {
+  const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, size);
+  if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  (void)madvise(p, size, pages == ProbePages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+#else
+  (void)pages;
+#endif
+  return p;
+}
+
 // The read probe's buffer: whole 2 MiB pages, advised MADV_HUGEPAGE (Linux), so that where the
 // kernel grants transparent huge pages (its usual mode, "madvise", gives them only to memory that
 // asks) the probe streams without a TLB miss every 4 KiB, which in a virtual machine is a
@@ -88,26 +105,14 @@ double best_gflops(int threads, Probe&& probe) {
 // the ceiling of a plain stream over memory as a default allocation lies
 // (docs/performance.md#dm-read-4k-pages).
 struct ProbeBuffer {
-  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
   ProbeBuffer(std::size_t bytes, ProbePages pages)
       : size((bytes + kHugePage - 1) / kHugePage * kHugePage),
-        p(static_cast<float*>(pages == ProbePages::huge ? alloc_huge_pages(bytes)
-                                                        : alloc_small_pages(size))) {}
+        p(static_cast<float*>(alloc_pages(bytes, pages))) {}
   ~ProbeBuffer() { std::free(p); }
   ProbeBuffer(const ProbeBuffer&) = delete;
   ProbeBuffer& operator=(const ProbeBuffer&) = delete;
   const std::size_t size;  // whole huge pages
   float* const p;
-
- private:
-  static void* alloc_small_pages(std::size_t size) {
-    void* p = std::aligned_alloc(kHugePage, size);
-    if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_NOHUGEPAGE)
-    (void)madvise(p, size, MADV_NOHUGEPAGE);  // advice: without THP it changes nothing
-#endif
-    return p;
-  }
 };
 
 // The read probe's buffer is kept from call to call (a bench run reads it for every target and
@@ -143,16 +148,7 @@ double kernel_probe_gflops(int threads, const Context* context,
 
 }  // namespace
 
-void* alloc_huge_pages(std::size_t bytes) {
-  constexpr std::size_t kHugePage = std::size_t{2} << 20;
-  const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, size);
-  if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  (void)madvise(p, size, MADV_HUGEPAGE);  // advice: with THP "never" it changes nothing
-#endif
-  return p;
-}
+void* alloc_huge_pages(std::size_t bytes) { return alloc_pages(bytes, ProbePages::huge); }
 
 double measure_fma_peak_gflops(int threads, const Context* context) {
   check_threads(threads);
