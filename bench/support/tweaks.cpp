@@ -31,7 +31,7 @@ struct Tweak {
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
-    {"kv_ahead_x2", [](Plan& pl) { pl.ahead_kv_bytes *= 2; }},
+    {"kv_ahead_half", [](Plan& pl) { pl.ahead_kv_bytes /= 2; }},
     {"plain_out",
      [](Plan& pl) {
        if (pl.path.out == OutUnit::f32_stream) pl.path.out = OutUnit::f32;

@@ -16,7 +16,7 @@ namespace cpuattn {
 // The tweaks, "none" (the shipped plan) first:
 //   none         the plan as plan_flash() makes it
 //   no_kv_ahead  tiled tasks prefetch none of the next task's K/V (Plan::ahead_kv_bytes 0)
-//   kv_ahead_x2  twice the shipped amount of the next task's K/V prefetched (the whole L2)
+//   kv_ahead_half  half the shipped amount of the next task's K/V prefetched (half the L2)
 //   plain_out    outputs above the streaming threshold written through the caches
 //   pack_v       tiled blocks copy f32 V into chunks instead of reading it in place
 //   v_in_place   tiled blocks read in place the f32 V the plan packs because a column chunk of

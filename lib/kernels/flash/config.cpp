@@ -141,9 +141,11 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
   pl.keys_per_split = ceil_div(ceil_div(p.Lk, splits), block_keys) * block_keys;
   pl.k_splits = ceil_div(p.Lk, pl.keys_per_split);
   pl.tasks = units * pl.q_chunks * pl.k_splits;
-  // Half the L2 for the next task's K/V beside this task's packed blocks (driver-inl.h,
-  // InputsAhead): X1's task keeps 512 KiB packed, and a whole 1 MiB L2 of prefetches ran no faster.
-  pl.ahead_kv_bytes = l2_bytes() / 2;
+  // Up to a whole L2 of the next task's K/V (driver-inl.h, InputsAhead), dripped over this
+  // task's later tiles: half of a 512 KiB L2 left half of X1's next 512 KiB to arrive cold, and the
+  // whole ran faster; on 1-2 MiB L2s, where half already covers X1, the whole measured within
+  // noise of half (docs/performance.md#dm-kv-ahead-l2).
+  pl.ahead_kv_bytes = l2_bytes();
   pl.partial_row_floats = p.Dv + 2;
   return pl;
 }
