@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -21,6 +22,7 @@
 #include "cpuattn/layers.h"
 #include "cpuattn/profile.h"
 #include "test_util.h"
+#include "tweaks.h"
 
 namespace cpuattn::test {
 namespace {
@@ -278,6 +280,61 @@ TEST_P(PagedGrid, LongDecodeSplitsKeys) {
   // One long sequence decoded alone: the plan splits its keys across tasks and merges them.
   const Pool pl(8, 1, 64, 64, 16, {5000}, 1, DType::f32, 0, 19);
   check_pool(pl, {}, GetParam());
+}
+
+// Whether every prefetch hint fills L1 on this CPU by /proc/cpuinfo: AMD before Zen 4 (family
+// 23, or family 25 outside Zen 4's models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf), where the plan trims
+// the runs prefetched ahead (BlockPath::runs_ahead).
+bool hints_fill_l1() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (cpuinfo_field("vendor_id") != "AuthenticAMD") return false;
+  const int family = std::atoi(cpuinfo_field("cpu family").c_str());
+  const int model = std::atoi(cpuinfo_field("model").c_str());
+  const bool zen4 = (model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
+                    (model >= 0xa0 && model <= 0xaf);
+  return family == 23 || (family == 25 && !zen4);
+#else
+  return false;
+#endif
+}
+
+TEST_P(PagedGrid, RunsAheadChangesOnlyPrefetches) {
+  // Pages of 16 read in runs, four at a time, with the K rows of the runs read next prefetched
+  // beside them: however many of those (the plan's, all 8, none), out and lse are bitwise the
+  // same; the call's path names a trimmed count. Where every hint fills L1 the plan prefetches
+  // none for f32 at D 128 (its V rows alone fill the lock-step's lines), all for bf16 and int8.
+  for (DType dt : {DType::f32, DType::bf16, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Pool pl(8, 2, 128, 128, 16, {300, 45, 700}, 1, dt, 0, 37);
+    std::vector<float> want(pl.B * pl.H * pl.Dv), want_lse(pl.B * pl.H);
+    Context ctx(2);
+    GetParam().apply(ctx);
+    for (const char* name : {"none", "runs_ahead_max", "no_runs_ahead"}) {
+      std::vector<float> out(want.size(), 7.0f), lse(want_lse.size(), 7.0f);
+      AttentionOptions o;
+      o.lse = f32_view(lse.data(), {pl.B, pl.H, 1});
+      set_plan_tweak(ctx, name);
+      std::vector<CallProfile> calls;
+      {
+        ProfileSession session;
+        attention(pl.qv(), pl.kv(), f32_view(out.data(), {pl.B, pl.H, 1, pl.Dv}), o, &ctx);
+        calls = session.take();
+      }
+      ASSERT_EQ(calls.size(), 1u);
+      const std::string line = verbose_line(calls[0], 1);
+      ASSERT_NE(line.find("=dot_runs"), std::string::npos) << line;
+      const bool trimmed = std::string(name) == "none" ? dt == DType::f32 && hints_fill_l1()
+                                                       : std::string(name) == "no_runs_ahead";
+      EXPECT_EQ(line.find("+ahead0") != std::string::npos, trimmed) << name << ": " << line;
+      if (std::string(name) == "none") {
+        want = out;
+        want_lse = lse;
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * 4), 0) << name;
+      EXPECT_EQ(std::memcmp(lse.data(), want_lse.data(), lse.size() * 4), 0) << name;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PagedGrid, ::testing::ValuesIn(native_and_machine_backends()),

@@ -27,7 +27,8 @@ struct Tweak {
 // sets (BlockPath::v_in_place_declined), and the output epilogue can write any row the P V tiles
 // would (the same product of Acc and the row's scale). Streamed K may always go in runs (the
 // four-key dot over each run, the same sums as one stream's), and as one stream with k_ahead
-// where the plan declined that only by the vendor rule (BlockPath::k_ahead_declined).
+// where the plan declined that only by the vendor rule (BlockPath::k_ahead_declined). Runs may
+// prefetch any number of the runs read next, or none.
 constexpr Tweak kTweaks[] = {
     {"none", nullptr},
     {"no_kv_ahead", [](Plan& pl) { pl.ahead_kv_bytes = 0; }},
@@ -78,6 +79,14 @@ constexpr Tweak kTweaks[] = {
            b.score = detail::ScoreUnit::dot;
            b.k_ahead = true;
          }
+     }},
+    {"runs_ahead_max",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.runs_ahead = detail::kMaxRunsAhead;
+     }},
+    {"no_runs_ahead",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.runs_ahead = 0;
      }},
     {"epilogue_out",
      [](Plan& pl) {

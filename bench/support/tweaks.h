@@ -30,6 +30,9 @@ namespace cpuattn {
 //                pages smaller than a block) instead of one stream, as the plan does on Intel
 //   key_stream   streamed K in place that Intel's plan reads in runs goes as one stream with
 //                P V asking for the next block's K (k_ahead), as on other CPUs
+//   runs_ahead_max  streamed blocks read in runs prefetch the K rows of the 8 runs read next
+//                   (BlockPath::runs_ahead), as the plan does except on AMD before Zen 4
+//   no_runs_ahead   the same with none of the runs read next prefetched
 //   epilogue_out  the output epilogue writes every row, also those the f32 P V tiles of the last
 //                 key block would (BlockPath::out_in_pv)
 const std::vector<std::string>& plan_tweak_names();

@@ -121,6 +121,28 @@ bool v_ahead_into_l2() { return cpu_vendor_is("GenuineIntel"); }
 // as bf16_dot's; both read the same sums, bit for bit.
 bool keys_in_runs() { return cpu_vendor_is("GenuineIntel"); }
 
+// Whether every prefetch hint fills L1 here, prefetcht1/t2/nta as prefetcht0: AMD before Zen 4
+// (family 0x17, and 0x19 outside Zen 4's model ranges 0x10-0x1f, 0x60-0x7f and 0xa0-0xaf). Measured
+// on a Zen 3 (docs/performance.md#dm-zen3-prefetch-levels); AMD documents T1/T2 into L2 as new
+// with Zen 4. Intel's hints reach L2 only, and other architectures get false.
+bool prefetch_hints_fill_l1() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!cpu_vendor_is("AuthenticAMD")) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  // Family and model with their extended fields (CPUID leaf 1, EAX).
+  const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+  const unsigned model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
+  if (family == 0x17) return true;
+  if (family != 0x19) return false;
+  const bool zen4 = (model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
+                    (model >= 0xa0 && model <= 0xaf);
+  return !zen4;
+#else
+  return false;
+#endif
+}
+
 // Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
 // leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
 // it keeps off until asked (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16; it fails where the kernel
@@ -188,9 +210,11 @@ Choice compute(Target cap, Simd provider) {
     static const bool amx = amx_bf16_runs();
     c.amx_bf16 = cap == Target::best && !c.bf16_dot && amx;
   }
-  static const bool v_l2 = v_ahead_into_l2(), k_runs = keys_in_runs();
+  static const bool v_l2 = v_ahead_into_l2(), k_runs = keys_in_runs(),
+                    fill_l1 = prefetch_hints_fill_l1();
   c.v_ahead_l2 = v_l2;
   c.key_runs = k_runs;
+  c.hints_fill_l1 = fill_l1;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
       sve_unit_runs(sve_bits)) {

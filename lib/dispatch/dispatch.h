@@ -57,6 +57,9 @@ struct Choice {
   // Whether streamed blocks read K in four runs where the plan would read one stream and have
   // P V ask for the next block's K (Intel: dispatch.cpp, keys_in_runs).
   bool key_runs = false;
+  // Whether every prefetch hint fills L1 (AMD before Zen 4: dispatch.cpp, prefetch_hints_fill_l1),
+  // so that the plan's "into L2" asks compete for L1's misses too.
+  bool hints_fill_l1 = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

@@ -189,8 +189,28 @@ BlockPath tiled_block(const Problem& p, const Choice& choice, bool native, bool 
   return b;
 }
 
+// The runs ahead of a dot_runs block on a core where every prefetch hint fills L1
+// (Choice::hints_fill_l1): each lock-step row asks for the V row of every run of the block and
+// the K row of every run ahead, and on a Zen 3 bursts of 32 lines arrived whole, of 64 mostly,
+// of 256 a third short (docs/performance.md#dm-zen3-prefetch-levels). So the runs ahead take
+// what the block's V leaves of 64 lines: none for f32 at D 128 in pages of 16 (8 runs of 8 V
+// lines each), all 8 for bf16 and int8 (#dm-runs-ahead-zen3).
+int runs_ahead_within(const Problem& p, std::int64_t block_keys) {
+  constexpr std::int64_t kStepLines = 64;
+  const std::int64_t run_keys = p.pages == nullptr
+                                    ? block_keys / 4
+                                    : std::min(std::int64_t{1} << p.page_shift, block_keys / 4);
+  const std::int64_t runs = (block_keys + run_keys - 1) / run_keys;
+  const auto lines = [](std::int64_t n, DType t) {
+    return (n * static_cast<std::int64_t>(dtype_size(t)) + 63) / 64;
+  };
+  const std::int64_t left = kStepLines - runs * lines(p.Dv, p.v.dtype);
+  return static_cast<int>(std::clamp<std::int64_t>(left / lines(p.D, p.k.dtype), 0, kMaxRunsAhead));
+}
+
 BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bool few,
-                         bool whole_pages, std::int64_t lanes) {
+                         bool whole_pages, const FlashKernels& fk) {
+  const std::int64_t lanes = fk.lanes;
   // bf16 products on vdpbf16ps only where the choice takes them (the native unit runs for AMX's
   // tiles without them: the streamed blocks of such a problem then keep the f32 units).
   const bool native_bf16 = native && few && choice.bf16_dot;
@@ -215,6 +235,7 @@ BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bo
   b.k_ahead_declined = in_place && key_runs;
   const bool runs = in_place ? key_runs : p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1);
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
+  if (runs && choice.hints_fill_l1) b.runs_ahead = runs_ahead_within(p, fk.block_keys);
   // 1-byte V asks for 2 lines per key at Dv 128, little for L1's fill buffers; on an Emerald
   // Rapids int8 decoding read slower with them in L2 (docs/performance.md#dm-decode-prefetch-zen3).
   b.v_ahead_l2 = (b.score == ScoreUnit::dot || b.k_ahead_declined) && choice.v_ahead_l2 &&
@@ -230,7 +251,7 @@ BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, B
   const bool whole_pages =
       p.pages == nullptr || (std::int64_t{1} << p.page_shift) % fk.block_keys == 0;
   if (kind == BlockKind::tiled) return tiled_block(p, choice, native, whole_pages, fk);
-  return streamed_block(p, choice, native, kind == BlockKind::stream_few, whole_pages, fk.lanes);
+  return streamed_block(p, choice, native, kind == BlockKind::stream_few, whole_pages, fk);
 }
 
 // Which kinds of query block the plan's tasks meet: blocks differ by their positions (the last
@@ -329,7 +350,11 @@ std::string path_name(const FlashPath& path) {
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
          kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") +
-         (b.v_ahead_l2 && b.score == ScoreUnit::dot ? "+v_l2" : "") + (b.out_in_pv ? "+out" : "");
+         (b.v_ahead_l2 && b.score == ScoreUnit::dot ? "+v_l2" : "") +
+         (b.score == ScoreUnit::dot_runs && b.runs_ahead < kMaxRunsAhead
+              ? "+ahead" + std::to_string(b.runs_ahead)
+              : "") +
+         (b.out_in_pv ? "+out" : "");
     first = false;
   }
   return s + "/" + kOut[static_cast<int>(path.out)];

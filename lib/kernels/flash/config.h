@@ -22,6 +22,11 @@ struct Choice;
 // units) when the task does not reuse its K/V blocks across query blocks; more rows pack them.
 inline constexpr std::int64_t kStreamRows = 8;
 
+// The most runs after a block's (ScoreUnit::dot_runs) whose K rows its lock-step prefetches
+// (BlockPath::runs_ahead): a paged block of 128 keys in pages of 16 has 8 runs, so 8 covers
+// the next head's or block's first half block.
+inline constexpr int kMaxRunsAhead = 8;
+
 // Which compiled task function runs the problem: the portable one of the call's provider and
 // target, or the native unit (flash_bf16.cc: AVX-512 with AVX512-BF16 and VNNI).
 enum class FlashUnit : std::uint8_t { portable, avx512_bf16 };
@@ -90,6 +95,12 @@ struct BlockPath {
   // for a block that declined k_ahead (its one stream under key_stream), in effect only on dot.
   // `cpuattn bench --tweak v_ahead_l1` / `v_ahead_l2` times either on any CPU.
   bool v_ahead_l2 = false;
+  // ScoreUnit::dot_runs: how many of the runs read next (the next head's or block's) have their K
+  // rows prefetched row by row beside the block's own, at most kMaxRunsAhead. Fewer where every
+  // prefetch hint fills L1 and the lock-step would ask for more lines than such a core keeps in
+  // flight (config.cpp, runs_ahead_within). `cpuattn bench --tweak runs_ahead_max` /
+  // `no_runs_ahead` times kMaxRunsAhead / none on any CPU.
+  int runs_ahead = kMaxRunsAhead;
   // The P V tiles of a query block's last key block write its rows' outputs (PvOut,
   // pv-inl.h), and the output epilogue only their lse: f32 tiles (PvUnit::tile_f32) with out f32
   // or f32_stream and Dv whole vectors. The exact rerun (non-finite Acc) writes through the

@@ -411,10 +411,10 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       if (hilo) {
         if constexpr (kNative)
           ScoreBlockRuns<O, true>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
-                                  qp, q.qs, s, g.Nk);
+                                  qp, q.qs, s, g.Nk, q.path.runs_ahead);
       } else {
         ScoreBlockRuns<O, false>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
-                                 qp, q.qs, s, g.Nk);
+                                 qp, q.qs, s, g.Nk, q.path.runs_ahead);
       }
       break;
   }

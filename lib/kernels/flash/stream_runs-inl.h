@@ -15,6 +15,7 @@
 
 #include "core/dtypes.h"
 #include "core/problem.h"
+#include "kernels/flash/config.h"
 #include "kernels/flash/stream_dot-inl.h"
 #include "simd/prefetch.h"
 #include "simd/target_namespace.h"
@@ -186,25 +187,26 @@ inline void PrefetchRunScales(const detail::Problem& p, std::int64_t b, std::int
 
 // ScoreUnit::dot_runs for the `rows` Qp rows (stride qs) of K/V head hk + j of a task that
 // covers heads [hk, hk + nhk): keys [0, nk_live) of the block at kb0 (task keys end at k1) into
-// S rows of s_stride. After the block's runs come the first runs read next, to prefetch: the next
-// head's in this block, or after the last head the next block's (nk keys per block).
+// S rows of s_stride. After the block's runs come the first `most_ahead` runs read next, to
+// prefetch: the next head's in this block, or after the last head the next block's (nk keys per
+// block).
 template <class O, bool kHiLo>
 void ScoreBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t nhk,
                     std::int64_t j, std::int64_t kb0, std::int64_t nk_live, std::int64_t Nk,
                     std::int64_t k1, int rows, const float* qp, std::int64_t qs, float* s,
-                    std::int64_t s_stride) {
+                    std::int64_t s_stride, int most_ahead) {
   detail::with_elem(p.k.dtype, [&](auto t) {
     using T = decltype(t);
-    KeyRun<T> runs[O::kBlockKeys + 8];
+    KeyRun<T> runs[O::kBlockKeys + detail::kMaxRunsAhead];
     const std::int64_t hkj = hk + j;
     int n = CutKeyRuns<O, T>(p, b, kb0, k1, 0, nk_live, O::kBlockKeys, hkj, runs, 0);
     const int nruns = n;
     if (j + 1 < nhk) {
-      n = CutKeyRuns<O, T>(p, b, kb0, k1, 0, nk_live, 8, hkj + 1, runs, n);
+      n = CutKeyRuns<O, T>(p, b, kb0, k1, 0, nk_live, most_ahead, hkj + 1, runs, n);
       PrefetchRunScales(p, b, kb0, 0, nk_live, hkj + 1);
     } else {
       const std::int64_t ahead = std::min(k1 - kb0, 2 * Nk);
-      n = CutKeyRuns<O, T>(p, b, kb0, k1, Nk, ahead, 8, hk, runs, n);
+      n = CutKeyRuns<O, T>(p, b, kb0, k1, Nk, ahead, most_ahead, hk, runs, n);
       PrefetchRunScales(p, b, kb0, Nk, ahead, hk);
     }
     const auto ev = static_cast<std::int64_t>(dtype_size(p.v.dtype));
