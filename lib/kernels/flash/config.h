@@ -23,8 +23,8 @@ struct Choice;
 inline constexpr std::int64_t kStreamRows = 8;
 
 // The most runs after a block's (ScoreUnit::dot_runs) whose K rows its lock-step prefetches
-// (BlockPath::runs_ahead): a paged block of 128 keys in pages of 16 has 8 runs, so 8 covers
-// the next head's or block's first half block.
+// (BlockPath::runs_ahead): a block of 128 keys in pages of 16 has 8 runs, so 8 cover all the
+// keys of the next head's or block's.
 inline constexpr int kMaxRunsAhead = 8;
 
 // Which compiled task function runs the problem: the portable one of the call's provider and
