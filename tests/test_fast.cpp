@@ -217,8 +217,9 @@ TEST_P(FastPath, BlockProbeRunsItsBlock) {
 // output and lse are bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and
 // ragged rows, and (the last case) misaligned output rows, with sinks, a causal mask and a NaN
 // query and an inf key that send blocks through the exact rerun; and the tweak reaches the plan
-// (stream_out, epilogue_out, v_in_place, key_runs, key_stream, v_ahead_l1, v_ahead_l2,
-// runs_ahead_max and no_runs_ahead show in the call's path).
+// (stream_out, epilogue_out, v_in_place, key_runs, key_stream, v_ahead_l1 and v_ahead_l2 show in
+// the call's path; runs_ahead_max and no_runs_ahead, which only blocks read in runs use: the
+// paged test RunsAheadChangesOnlyPrefetches).
 TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
   Case rerun{1, 4, 2, 40, 150, 32, 32};
   rerun.misalign = 1;
