@@ -311,9 +311,9 @@ struct PagedSnapshot {
     const auto* l = static_cast<const std::int64_t*>(held.seq_lens.data);
     lens.assign(l, l + held.seq_lens.shape[0]);
   }
+  // The whole pool, padding between pages included (PagedKvCache's page stride).
   static std::vector<std::uint8_t> bytes_of(const TensorView& t) {
-    std::size_t n = dtype_size(t.dtype);
-    for (int d = 0; d < t.rank; ++d) n *= static_cast<std::size_t>(t.shape[d]);
+    const std::size_t n = dtype_size(t.dtype) * static_cast<std::size_t>(t.shape[0] * t.strides[0]);
     const auto* p = static_cast<const std::uint8_t*>(t.data);
     return {p, p + n};
   }

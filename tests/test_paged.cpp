@@ -14,6 +14,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -661,6 +662,54 @@ TEST(PagedKvCache, ReducedPrecisionStorage) {
     // max|x| / 254 per element) dominates.
     EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), dt == DType::f16 ? 2e-3 : 2e-2));
   }
+}
+
+// Pages of an even number of 64-byte lines (1 KiB or more) are a line apart from contiguous, so
+// that pages start at every line offset of 4 KiB (docs/performance.md#dm-page-stride); the views
+// say so in their strides, and the rows appended lie where the views put them.
+TEST(PagedKvCache, PagesStartAtEveryLineOffset) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto e = static_cast<std::int64_t>(dtype_size(dt));
+    PagedKvCache cache(96, 16, 8, 128, 64, dt);
+    const TensorView k = cache.key_pages(), v = cache.value_pages();
+    EXPECT_EQ(k.strides[0] * e, 16 * 8 * 128 * e + 64);
+    EXPECT_EQ(v.strides[0] * e, 16 * 8 * 64 * e + 64);
+    EXPECT_EQ(k.strides[1], 16 * 128);
+    std::set<std::int64_t> offsets;
+    for (std::int64_t p = 0; p < 96; ++p) offsets.insert(p * k.strides[0] * e % 4096);
+    EXPECT_EQ(offsets.size(), 64u);
+    // A token in the pool's last page (pages are taken from page 0 up), read back through the
+    // view's strides.
+    const std::int64_t a = cache.add_sequence();
+    const std::vector<float> kx = random_floats(8 * (95 * 16 + 3) * 128, 1),
+                             vx = random_floats(8 * (95 * 16 + 3) * 64, 2);
+    cache.append(a, f32_view(kx.data(), {8, 95 * 16 + 3, 128}),
+                 f32_view(vx.data(), {8, 95 * 16 + 3, 64}));
+    ASSERT_EQ(cache.pages(a).back(), 95);
+    const std::int64_t tok = 95 * 16 + 2, h = 5, d = 77;
+    const float want = kx[static_cast<std::size_t>((h * (95 * 16 + 3) + tok) * 128 + d)];
+    const std::int64_t at = 95 * k.strides[0] + h * k.strides[1] + (tok % 16) * k.strides[2] + d;
+    const auto* base = static_cast<const unsigned char*>(k.data) + at * e;
+    float got = 0.0f;
+    if (dt == DType::f32) std::memcpy(&got, base, 4);
+    if (dt == DType::i8)
+      got = static_cast<float>(static_cast<std::int8_t>(*base)) *
+            static_cast<const float*>(cache.key_page_scales()->data)[(95 * 8 + h) * 16 + 2];
+    if (dt == DType::bf16 || dt == DType::f16) {
+      std::uint16_t bits;
+      std::memcpy(&bits, base, 2);
+      const std::uint32_t wide = std::uint32_t{bits} << 16;
+      if (dt == DType::bf16) std::memcpy(&got, &wide, 4);
+      const int exp = (bits >> 10) & 31, man = bits & 1023;  // normal f16 values (|x| < 1 here)
+      if (dt == DType::f16)
+        got = std::ldexp(1.0f + man / 1024.0f, exp - 15) * (bits >> 15 ? -1 : 1);
+    }
+    EXPECT_NEAR(got, want, dt == DType::f32 ? 0.0 : std::abs(want) / 64 + 1.0 / 128);
+  }
+  // Smaller pages, and pages of an odd number of lines, stay contiguous.
+  EXPECT_EQ(PagedKvCache(4, 4, 1, 8, 8).key_pages().strides[0], 32);
+  EXPECT_EQ(PagedKvCache(4, 16, 1, 17, 8).key_pages().strides[0], 16 * 17);
 }
 
 TEST(PagedKvCache, MhaDecodeMatchesContiguousCaches) {

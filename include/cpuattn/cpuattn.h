@@ -397,7 +397,10 @@ CPUATTN_API void reference_attention_varlen(const TensorView& q, const TensorVie
 //     have a scaled dtype (i8, fp8_e4m3)
 // Only the first ceil(seq_lens[b] / P) entries of a table row are read, and each must be in
 // [0, num_pages); the rest may hold anything (-1, say). Sequences may share pages (a common
-// prefix). PagedKvCache (layers.h) manages such a pool.
+// prefix). PagedKvCache (layers.h) manages such a pool. A pool's pages may lie any whole number
+// of elements apart (strides[0]); pages a multiple of 4 KiB apart all start at the same L1 set, so
+// a decode step's rows of several pages compete for its ways: PagedKvCache puts them a 64-byte
+// line further apart (docs/performance.md#dm-page-stride).
 struct PagedKv {
   TensorView k_pages, v_pages, block_table, seq_lens;
   std::optional<TensorView> k_scales, v_scales;

@@ -174,9 +174,10 @@ class CPUATTN_API PagedKvCache {
   PagedKv batch(const std::vector<std::int64_t>& seqs);
 
   // The whole pools, as batch() gives them: k [num_pages, kv_heads, page_size, head_dim] and v
-  // [.., value_dim] in the cache's dtype, and the scales of a scaled dtype, per token
-  // [num_pages, kv_heads, page_size] or static [kv_heads] (nullopt for other dtypes). They stay
-  // where they are for the cache's life; their contents change with it.
+  // [.., value_dim] in the cache's dtype, a page every strides[0] elements (a page of an even
+  // number of 64-byte lines, 1 KiB or more, is followed by one unused line), and the scales of a
+  // scaled dtype, per token [num_pages, kv_heads, page_size] or static [kv_heads] (nullopt for
+  // other dtypes). They stay where they are for the cache's life; their contents change with it.
   TensorView key_pages() const;
   TensorView value_pages() const;
   std::optional<TensorView> key_page_scales() const;

@@ -25,6 +25,20 @@ using detail::shape_str;
 namespace {
 // Pool sizes are checked so that no element offset overflows and the pool stays addressable.
 constexpr std::int64_t kMaxPoolFloats = std::int64_t{1} << 40;
+
+// The stride of a page of `elems` elements of `esize` bytes in its pool. A page whose bytes are
+// an even number of 64-byte lines, 1 KiB or more, takes one line more: pages of a multiple of
+// 4 KiB (vLLM's 16 tokens x 8 heads x 128 dims, of any dtype) would otherwise all start at the
+// same L1 set, and a decode step reads one row of several pages at once (stream_runs-inl.h), so
+// its rows of the same head and token would compete for one set's ways. An odd number of lines
+// per page starts the pages at every line offset of a 4 KiB stretch (docs/performance.md
+// #dm-page-stride). The line costs at most 1/16 of a page.
+std::int64_t page_stride(std::int64_t elems, std::int64_t esize) {
+  constexpr std::int64_t kLine = 64;
+  const std::int64_t bytes = elems * esize;
+  if (bytes < 1024 || bytes % (2 * kLine) != 0) return elems;
+  return elems + kLine / esize;
+}
 }  // namespace
 
 PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
@@ -46,13 +60,15 @@ PagedKvCache::Storage::Storage(std::int64_t num_pages, std::int64_t page_size,
         "PagedKvCache: scales.k and scales.v must both be given (static scales) or both be "
         "empty (per-token scales)");
   const std::int64_t width = std::max(D, Dv);
-  if (P > kMaxPoolFloats / Hkv / width || NP > kMaxPoolFloats / (P * Hkv * width))
+  const auto e = static_cast<std::int64_t>(dtype_size(dtype));
+  if (P > kMaxPoolFloats / Hkv / width || NP > kMaxPoolFloats / page_stride(P * Hkv * width, e))
     fail("PagedKvCache: " + std::to_string(NP) + " pages of " + std::to_string(P) + " tokens x " +
          std::to_string(Hkv) + " heads x " + std::to_string(width) +
          " exceed the largest pool (2^40 elements)");
-  const auto e = static_cast<std::int64_t>(dtype_size(dtype));
-  k.resize(static_cast<std::size_t>(NP * Hkv * P * D * e));
-  v.resize(static_cast<std::size_t>(NP * Hkv * P * Dv * e));
+  k_page = page_stride(Hkv * P * D, e);
+  v_page = page_stride(Hkv * P * Dv, e);
+  k.resize(static_cast<std::size_t>(NP * k_page * e));
+  v.resize(static_cast<std::size_t>(NP * v_page * e));
   if (per_token_scales()) {
     k_scale.resize(static_cast<std::size_t>(NP * Hkv * P));
     v_scale.resize(k_scale.size());
@@ -121,11 +137,12 @@ void PagedKvCache::Storage::check_input(const char* name, const TensorView& t,
 
 void PagedKvCache::Storage::copy_page(std::int32_t from, std::int32_t to) {
   const auto e = static_cast<std::int64_t>(dtype_size(dtype));
-  const auto page_bytes = [&](std::int64_t width) { return Hkv * P * width * e; };
-  std::memcpy(k.data() + to * page_bytes(D), k.data() + from * page_bytes(D),
-              static_cast<std::size_t>(page_bytes(D)));
-  std::memcpy(v.data() + to * page_bytes(Dv), v.data() + from * page_bytes(Dv),
-              static_cast<std::size_t>(page_bytes(Dv)));
+  const auto copy = [&](std::vector<std::uint8_t>& pool, std::int64_t stride, std::int64_t width) {
+    std::memcpy(pool.data() + to * stride * e, pool.data() + from * stride * e,
+                static_cast<std::size_t>(Hkv * P * width * e));
+  };
+  copy(k, k_page, D);
+  copy(v, v_page, Dv);
   if (per_token_scales()) {
     std::copy_n(k_scale.begin() + from * Hkv * P, Hkv * P, k_scale.begin() + to * Hkv * P);
     std::copy_n(v_scale.begin() + from * Hkv * P, Hkv * P, v_scale.begin() + to * Hkv * P);
@@ -133,7 +150,8 @@ void PagedKvCache::Storage::copy_page(std::int32_t from, std::int32_t to) {
 }
 
 void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const TensorView& t,
-                                       std::vector<std::uint8_t>& pool, std::vector<float>& scale,
+                                       std::vector<std::uint8_t>& pool, std::int64_t page_elems,
+                                       std::vector<float>& scale,
                                        const std::vector<float>& head_scale, std::int64_t width) {
   const auto e = static_cast<std::int64_t>(dtype_size(dtype));
   std::vector<float>& row = conversion_row(t.dtype == dtype ? 0 : width);
@@ -143,7 +161,8 @@ void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const T
     for (std::int64_t h = 0; h < Hkv; ++h) {
       const std::int64_t src = h * t.strides[0] + l * t.strides[1];
       const std::int64_t slot = (page * Hkv + h) * P + tok % P;
-      store_cache_row(t, src, pool.data() + slot * width * e, dtype, width,
+      const std::int64_t at = page * page_elems + (h * P + tok % P) * width;
+      store_cache_row(t, src, pool.data() + at * e, dtype, width,
                       scale.empty() ? nullptr : &scale[static_cast<std::size_t>(slot)],
                       head_scale.empty() ? 1.0f : head_scale[static_cast<std::size_t>(h)], row);
     }
@@ -160,8 +179,8 @@ void PagedKvCache::Storage::append_checked(Seq& s, const TensorView& kt, const T
   }
   while (static_cast<std::int64_t>(s.pages.size()) * P < s.length + n)
     s.pages.push_back(take_page());
-  store_rows(s, s.length, kt, k, k_scale, k_static, D);
-  store_rows(s, s.length, vt, v, v_scale, v_static, Dv);
+  store_rows(s, s.length, kt, k, k_page, k_scale, k_static, D);
+  store_rows(s, s.length, vt, v, v_page, v_scale, v_static, Dv);
   s.length += n;
 }
 
@@ -288,12 +307,16 @@ PagedKv PagedKvCache::batch(const std::vector<std::int64_t>& seqs) {
 
 TensorView PagedKvCache::key_pages() const {
   const Storage& st = Storage::live(s_, "key_pages");
-  return TensorView::contiguous(st.k.data(), st.dtype, {st.NP, st.Hkv, st.P, st.D});
+  TensorView t = TensorView::contiguous(st.k.data(), st.dtype, {st.NP, st.Hkv, st.P, st.D});
+  t.strides[0] = st.k_page;
+  return t;
 }
 
 TensorView PagedKvCache::value_pages() const {
   const Storage& st = Storage::live(s_, "value_pages");
-  return TensorView::contiguous(st.v.data(), st.dtype, {st.NP, st.Hkv, st.P, st.Dv});
+  TensorView t = TensorView::contiguous(st.v.data(), st.dtype, {st.NP, st.Hkv, st.P, st.Dv});
+  t.strides[0] = st.v_page;
+  return t;
 }
 
 std::optional<TensorView> PagedKvCache::key_page_scales() const {

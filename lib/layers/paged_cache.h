@@ -13,8 +13,10 @@ namespace cpuattn {
 struct PagedKvCache::Storage {
   std::int64_t NP, P, Hkv, D, Dv;
   DType dtype;
-  // The pools [NP, Hkv, P, D] and [NP, Hkv, P, Dv] of `dtype`, as bytes; a scaled dtype's
-  // per-token scales [NP, Hkv, P], or its static scales [Hkv] (KvScales).
+  // The pools [NP, Hkv, P, D] and [NP, Hkv, P, Dv] of `dtype`, as bytes, a page every k_page
+  // and v_page elements (page_stride); a scaled dtype's per-token scales [NP, Hkv, P], or its
+  // static scales [Hkv] (KvScales).
+  std::int64_t k_page, v_page;
   std::vector<std::uint8_t> k, v;
   std::vector<float> k_scale, v_scale;
   std::vector<float> k_static, v_static;
@@ -48,8 +50,9 @@ struct PagedKvCache::Storage {
   void release(std::int32_t page);
   void copy_page(std::int32_t from, std::int32_t to);
   void store_rows(const Seq& s, std::int64_t first, const TensorView& t,
-                  std::vector<std::uint8_t>& pool, std::vector<float>& scale,
-                  const std::vector<float>& head_scale, std::int64_t width);
+                  std::vector<std::uint8_t>& pool, std::int64_t page_elems,
+                  std::vector<float>& scale, const std::vector<float>& head_scale,
+                  std::int64_t width);
   friend class PagedKvCache;
 };
 
