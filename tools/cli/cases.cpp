@@ -431,12 +431,42 @@ std::optional<Case> packed_case(const std::string& name) {
   return c;
 }
 
+// A PagedKvCache (the library's own pool and page stride) of B sequences of L tokens, pages of P
+// taken in turns (sequence b's page i is page i * B + b), holding K = filled(seed 2) and V =
+// filled(seed 3) as [B, Hkv, L, D] converted to kv_dtype; with its batch() of every sequence.
+struct LibraryPool {
+  PagedKvCache cache;
+  PagedKv kv;
+};
+std::shared_ptr<LibraryPool> library_pool(std::int64_t B, std::int64_t Hkv, std::int64_t L,
+                                          std::int64_t D, std::int64_t P, DType kv_dtype) {
+  auto pool = std::make_shared<LibraryPool>(
+      LibraryPool{PagedKvCache(B * L / P, P, Hkv, D, D, kv_dtype), {}});
+  const AlignedFloats k = filled(static_cast<std::size_t>(B * Hkv * L * D), 2),
+                      v = filled(static_cast<std::size_t>(B * Hkv * L * D), 3);
+  std::vector<std::int64_t> seqs;
+  for (std::int64_t b = 0; b < B; ++b) seqs.push_back(pool->cache.add_sequence());
+  for (std::int64_t j = 0; j < L; j += P)
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto page = [&](const AlignedFloats& x) {
+        TensorView t = f32_view(x.data() + (b * Hkv * L + j) * D, {Hkv, P, D});
+        t.strides[0] = L * D;
+        return t;
+      };
+      pool->cache.append(seqs[static_cast<std::size_t>(b)], page(k), page(v));
+    }
+  pool->kv = pool->cache.batch(seqs);
+  return pool;
+}
+
 // G1: D2's decode step (B8 H32 Hkv8 Lk16384 D128, K/V far larger than the caches) read from a
-// paged KV cache, pages of 16 tokens (G1) or 128 (G1p128) dealt to the sequences in a shuffled
-// order (a pool after many requests came and went); G1c is the same step from contiguous K/V,
-// the baseline. The cache is stored as `kv_dtype`; bytes count K/V at their storage size.
+// paged KV cache in vLLM's layout, pages of 16 tokens (G1) or 128 (G1p128) dealt to the
+// sequences in a shuffled order (a pool after many requests came and went); G1k the same step
+// from a PagedKvCache, pages of 16 (the library's page stride: docs/performance.md
+// #dm-page-stride); G1c from contiguous K/V, the baseline. The cache is stored as `kv_dtype`;
+// bytes count K/V at their storage size.
 std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
-  if (name != "G1" && name != "G1p128" && name != "G1c") return std::nullopt;
+  if (name != "G1" && name != "G1p128" && name != "G1c" && name != "G1k") return std::nullopt;
   constexpr std::int64_t kB = 8, kH = 32, kHkv = 8, kL = 16384, kD = 128;
   const std::int64_t P = name == "G1p128" ? 128 : 16;
   const std::int64_t pages = kB * kL / P;
@@ -455,14 +485,19 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   std::shuffle(d->table.begin(), d->table.end(), std::mt19937(2026));
   const double kv_bytes =
       double(kB) * kHkv * kL * (2.0 * kD * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8 : 0));
-  const std::string dims =
-      "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
-      (name == "G1c" ? std::string("contiguous") : "pages of " + std::to_string(P) + ", shuffled");
+  const std::string dims = "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
+                           (name == "G1c"   ? std::string("contiguous")
+                            : name == "G1k" ? std::string("PagedKvCache, pages of 16")
+                                            : "pages of " + std::to_string(P) + ", shuffled");
   Case c{name, dims, 4.0 * kD * kH * kB * kL, kv_bytes, true, {}, {}};
   c.parts = {{c.flops, kv_bytes, attention_fma_share(kD, kD), attention_fma_share(kD, kD)}};
   const TensorView q = f32_view(d->q.data(), {kB, kH, 1, kD});
   const OutputView out = f32_view(d->out.data(), {kB, kH, 1, kD});
-  if (name == "G1c") {
+  if (name == "G1k") {
+    c.run = [pool = library_pool(kB, kHkv, kL, kD, P, kv_dtype), d, q, out](Context& ctx) {
+      attention(q, pool->kv, out, {}, &ctx);
+    };
+  } else if (name == "G1c") {
     c.run = [d, q, out, kv_dtype](Context& ctx) {
       AttentionOptions o;
       if (needs_scales(kv_dtype)) {
