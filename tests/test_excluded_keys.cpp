@@ -315,7 +315,8 @@ TEST_P(ExcludedKeys, PagedCache) {
           const std::int64_t page = row / P, slot = row % P;
           for (std::int64_t h = 0; h < Hkv; ++h) {
             auto* dst = static_cast<char*>(const_cast<void*>(pool->data)) +
-                        ((page * Hkv + h) * P + slot) * D * e;
+                        (page * pool->strides[0] + h * pool->strides[1] + slot * pool->strides[2]) *
+                            static_cast<std::int64_t>(e);
             for (std::int64_t d = 0; d < D; ++d) {
               const float f = d % 2 ? std::numeric_limits<float>::infinity()
                                     : std::numeric_limits<float>::quiet_NaN();
