@@ -696,14 +696,15 @@ TEST(PagedKvCache, PagesStartAtEveryLineOffset) {
     if (dt == DType::i8)
       got = static_cast<float>(static_cast<std::int8_t>(*base)) *
             static_cast<const float*>(cache.key_page_scales()->data)[(95 * 8 + h) * 16 + 2];
-    if (dt == DType::bf16 || dt == DType::f16) {
-      std::uint16_t bits;
-      std::memcpy(&bits, base, 2);
+    std::uint16_t bits = 0;
+    if (e == 2) std::memcpy(&bits, base, 2);
+    if (dt == DType::bf16) {
       const std::uint32_t wide = std::uint32_t{bits} << 16;
-      if (dt == DType::bf16) std::memcpy(&got, &wide, 4);
-      const int exp = (bits >> 10) & 31, man = bits & 1023;  // normal f16 values (|x| < 1 here)
-      if (dt == DType::f16)
-        got = std::ldexp(1.0f + man / 1024.0f, exp - 15) * (bits >> 15 ? -1 : 1);
+      std::memcpy(&got, &wide, 4);
+    }
+    if (dt == DType::f16) {  // a normal f16 value (|x| < 1 here)
+      const int exp = (bits >> 10) & 31, man = bits & 1023;
+      got = std::ldexp(1.0f + man / 1024.0f, exp - 15) * (bits >> 15 ? -1 : 1);
     }
     EXPECT_NEAR(got, want, dt == DType::f32 ? 0.0 : std::abs(want) / 64 + 1.0 / 128);
   }

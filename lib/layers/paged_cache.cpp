@@ -160,9 +160,9 @@ void PagedKvCache::Storage::store_rows(const Seq& s, std::int64_t first, const T
     const std::int64_t page = s.pages[static_cast<std::size_t>(tok / P)];
     for (std::int64_t h = 0; h < Hkv; ++h) {
       const std::int64_t src = h * t.strides[0] + l * t.strides[1];
-      const std::int64_t slot = (page * Hkv + h) * P + tok % P;
-      const std::int64_t at = page * page_elems + (h * P + tok % P) * width;
-      store_cache_row(t, src, pool.data() + at * e, dtype, width,
+      const std::int64_t in_page = h * P + tok % P;  // the row's index within its page
+      const std::int64_t slot = page * Hkv * P + in_page;
+      store_cache_row(t, src, pool.data() + (page * page_elems + in_page * width) * e, dtype, width,
                       scale.empty() ? nullptr : &scale[static_cast<std::size_t>(slot)],
                       head_scale.empty() ? 1.0f : head_scale[static_cast<std::size_t>(h)], row);
     }

@@ -470,19 +470,10 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
   constexpr std::int64_t kB = 8, kH = 32, kHkv = 8, kL = 16384, kD = 128;
   const std::int64_t P = name == "G1p128" ? 128 : 16;
   const std::int64_t pages = kB * kL / P;
-  struct Data {
+  struct Io {
     AlignedFloats q, out;
-    StoredTensor k, v;
-    std::vector<std::int32_t> table;
-    std::vector<std::int64_t> lens;
   };
-  auto d = std::make_shared<Data>(Data{filled(kB * kH * kD, 1), AlignedFloats(kB * kH * kD),
-                                       StoredTensor(filled(kB * kHkv * kL * kD, 2), kv_dtype, kD),
-                                       StoredTensor(filled(kB * kHkv * kL * kD, 3), kv_dtype, kD),
-                                       std::vector<std::int32_t>(static_cast<std::size_t>(pages)),
-                                       std::vector<std::int64_t>(kB, kL)});
-  std::iota(d->table.begin(), d->table.end(), 0);
-  std::shuffle(d->table.begin(), d->table.end(), std::mt19937(2026));
+  auto io = std::make_shared<Io>(Io{filled(kB * kH * kD, 1), AlignedFloats(kB * kH * kD)});
   const double kv_bytes =
       double(kB) * kHkv * kL * (2.0 * kD * dtype_size(kv_dtype) + (needs_scales(kv_dtype) ? 8 : 0));
   const std::string dims = "B8 H32 Hkv8 Lq1 Lk16384 D128, " +
@@ -491,14 +482,27 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
                                             : "pages of " + std::to_string(P) + ", shuffled");
   Case c{name, dims, 4.0 * kD * kH * kB * kL, kv_bytes, true, {}, {}};
   c.parts = {{c.flops, kv_bytes, attention_fma_share(kD, kD), attention_fma_share(kD, kD)}};
-  const TensorView q = f32_view(d->q.data(), {kB, kH, 1, kD});
-  const OutputView out = f32_view(d->out.data(), {kB, kH, 1, kD});
+  const TensorView q = f32_view(io->q.data(), {kB, kH, 1, kD});
+  const OutputView out = f32_view(io->out.data(), {kB, kH, 1, kD});
   if (name == "G1k") {
-    c.run = [pool = library_pool(kB, kHkv, kL, kD, P, kv_dtype), d, q, out](Context& ctx) {
+    c.run = [pool = library_pool(kB, kHkv, kL, kD, P, kv_dtype), io, q, out](Context& ctx) {
       attention(q, pool->kv, out, {}, &ctx);
     };
-  } else if (name == "G1c") {
-    c.run = [d, q, out, kv_dtype](Context& ctx) {
+    return c;
+  }
+  struct Data {
+    StoredTensor k, v;
+    std::vector<std::int32_t> table;
+    std::vector<std::int64_t> lens;
+  };
+  auto d = std::make_shared<Data>(Data{StoredTensor(filled(kB * kHkv * kL * kD, 2), kv_dtype, kD),
+                                       StoredTensor(filled(kB * kHkv * kL * kD, 3), kv_dtype, kD),
+                                       std::vector<std::int32_t>(static_cast<std::size_t>(pages)),
+                                       std::vector<std::int64_t>(kB, kL)});
+  std::iota(d->table.begin(), d->table.end(), 0);
+  std::shuffle(d->table.begin(), d->table.end(), std::mt19937(2026));
+  if (name == "G1c") {
+    c.run = [io, d, q, out, kv_dtype](Context& ctx) {
       AttentionOptions o;
       if (needs_scales(kv_dtype)) {
         o.k_scales = f32_view(d->k.scales.data(), {kB, kHkv, kL});
@@ -508,7 +512,7 @@ std::optional<Case> paged_case(const std::string& name, DType kv_dtype) {
                 TensorView::contiguous(d->v.data(), kv_dtype, {kB, kHkv, kL, kD}), out, o, &ctx);
     };
   } else {
-    c.run = [d, q, out, kv_dtype, P, pages](Context& ctx) {
+    c.run = [io, d, q, out, kv_dtype, P, pages](Context& ctx) {
       PagedKv kv;
       kv.k_pages = TensorView::contiguous(d->k.data(), kv_dtype, {pages, kHkv, P, kD});
       kv.v_pages = TensorView::contiguous(d->v.data(), kv_dtype, {pages, kHkv, P, kD});
