@@ -283,18 +283,19 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
   check_case(c, GetParam());
 }
 
-// Decoding steps over bf16 K/V with 1..8 query rows per K/V head: the streamed dot takes up to 4
-// rows against 4 keys at a time (Dot4; 5..8 rows in two halves of 2..4) with odd D (19) and tails
-// of keys; the P V runs read V in steps of 32 keys and two-vector column chunks (Dv 72: a last
-// chunk of one vector on AVX2; Dv 20: not whole vectors, V packed). Odd key counts, windows that
-// leave rows with no key, both layouts, and split keys (Lk 1100 with one sequence).
-TEST_P(DtypeGrid, Bf16DecodingRowsKeysAndColumns) {
+// Decoding steps over K/V of `kv` with 1..8 query rows per K/V head: the streamed dot takes up to
+// 4 rows against 4 keys at a time (Dot4; 5..8 rows in two halves of 2..4; on AVX2 two keys side by
+// side) with odd D (19) and tails of keys; the P V runs read V in steps of 8 KiB of rows and
+// two-vector column chunks (Dv 72: a last chunk of one vector on AVX2; Dv 20: not whole vectors, V
+// packed). Odd key counts, windows that leave rows with no key, both layouts, and split keys (Lk
+// 1100 with one sequence).
+void check_decoding_rows_keys_and_columns(DType kv, const Backend& backend) {
   int n = 0;
   for (std::int64_t group : {1, 3, 4, 5, 6, 7, 8})
     for (std::int64_t Lk : {1, 3, 31, 129, 1100})
       for (std::int64_t Dv : {16, 48, 72, 96, 20}) {
         Case c;
-        c.kv_dtype = DType::bf16;
+        c.kv_dtype = kv;
         c.B = Lk == 1100 ? 1 : 2, c.Hkv = 2, c.H = 2 * group, c.Lq = 1, c.Lk = Lk;
         c.D = (n / 3) % 3 == 0 ? 40 : (n / 3) % 3 == 1 ? 128 : 19;
         c.Dv = Dv;
@@ -303,13 +304,21 @@ TEST_P(DtypeGrid, Bf16DecodingRowsKeysAndColumns) {
         c.misalign = n % 2;
         c.blhd = n % 4 == 3;
         ++n;
-        if (grid_case_runs(n, 2)) check_case(c, GetParam());
+        if (grid_case_runs(n, 2)) check_case(c, backend);
       }
   Case c;
-  c.kv_dtype = DType::bf16;
+  c.kv_dtype = kv;
   c.B = 1, c.H = 4, c.Hkv = 2, c.Lq = 1, c.Lk = 140, c.D = 33, c.Dv = 64;
   c.specials = true;
-  check_case(c, GetParam());
+  check_case(c, backend);
+}
+
+TEST_P(DtypeGrid, Bf16DecodingRowsKeysAndColumns) {
+  check_decoding_rows_keys_and_columns(DType::bf16, GetParam());
+}
+
+TEST_P(DtypeGrid, F32DecodingRowsKeysAndColumns) {
+  check_decoding_rows_keys_and_columns(DType::f32, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeGrid, ::testing::ValuesIn(native_and_machine_backends()),

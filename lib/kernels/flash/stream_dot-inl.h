@@ -44,16 +44,17 @@ inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
 // key, instead of key after key, each row front to back, whose addresses ascend as in a plain
 // stream the hardware prefetchers follow (interleaving four f32/bf16 rows per d lost from DRAM
 // with AVX-512: docs/performance.md#dm-decode-key-order). 1-byte rows are short runs (128 bytes at
-// D = 128), so side by side still moves through memory in order. 2-byte rows of several Q rows on
-// AVX2 as well: key after key, each step is R Q loads and a widening K load for R FMAs, more loads
-// than a core serves beside two FMA pipes; two keys side by side take R + 2 loads for 2R FMAs
-// (docs/performance.md#dm-decode-bf16-side-by-side). Keys of four runs (kRuns: RunsStep4) lie in
-// four streams whatever the order, so they go side by side too: key after key, AVX-512's f32 step
-// was R Q loads and a K load for R FMAs, 5 loads for 4 FMAs at R = 4
-// (docs/performance.md#dm-runs-side-by-side).
+// D = 128), so side by side still moves through memory in order. 2-byte and f32 rows of several Q
+// rows on AVX2 as well: key after key, each step is R Q loads and a K load for R FMAs, more loads
+// than a core serves beside two FMA pipes, in only R chains against the FMA's latency; two keys
+// side by side take R + 2 loads for 2R FMAs in 2R chains, the same sums bit for bit
+// (docs/performance.md#dm-decode-bf16-side-by-side, #dm-decode-f32-side-by-side-avx2). Keys of
+// four runs (kRuns: RunsStep4) lie in four streams whatever the order, so they go side by side
+// too: key after key, AVX-512's f32 step was R Q loads and a K load for R FMAs, 5 loads for 4 FMAs
+// at R = 4 (docs/performance.md#dm-runs-side-by-side).
 template <class T, int R, bool kRuns>
 inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
-                                        (sizeof(T) == 2 && R >= 2 && CPUATTN_SIMD_BITS == 256);
+                                        (sizeof(T) <= 4 && R >= 2 && CPUATTN_SIMD_BITS == 256);
 
 // Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses.
 template <class O, int R, int G, class T, bool kRuns>
