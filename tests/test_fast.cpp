@@ -217,9 +217,9 @@ TEST_P(FastPath, BlockProbeRunsItsBlock) {
 // output and lse are bitwise the shipped plan's, on tiled and streamed blocks, whole-vector and
 // ragged rows, and (the last case) misaligned output rows, with sinks, a causal mask and a NaN
 // query and an inf key that send blocks through the exact rerun; and the tweak reaches the plan
-// (stream_out, epilogue_out, v_in_place, key_runs, key_stream, v_ahead_l1 and v_ahead_l2 show in
-// the call's path; runs_ahead_max and no_runs_ahead, which only blocks read in runs use: the
-// paged test RunsAheadChangesOnlyPrefetches).
+// (stream_out, epilogue_out, v_in_place, key_runs, key_stream, v_ahead_l1, v_ahead_l2 and
+// no_scores_k_ahead show in the call's path; runs_ahead_max and no_runs_ahead, which only blocks
+// read in runs use: the paged test RunsAheadChangesOnlyPrefetches).
 TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
   Case rerun{1, 4, 2, 40, 150, 32, 32};
   rerun.misalign = 1;
@@ -281,6 +281,10 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
         }
         if (dot && (name == "v_ahead_l1" || name == "v_ahead_l2")) {
           EXPECT_EQ(line.find("+v_l2") != std::string::npos, name == "v_ahead_l2") << line;
+        }
+        // f32 K: the scores ask again for the K rows P V asked for unless told not to.
+        if (line.find("+k_ahead") != std::string::npos) {
+          EXPECT_EQ(line.find("+k_once") != std::string::npos, name == "no_scores_k_ahead") << line;
         }
       }
       // The tiled blocks of whole-vector rows write their outputs from P V unless told not to.

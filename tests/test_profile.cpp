@@ -237,18 +237,23 @@ TEST(Profile, TiledBlocksPackF32VWhoseChunksOverflowL1Sets) {
   }
 }
 
-// Streamed decoding follows two vendor rules (kernels/flash/config.cpp, choose_block;
-// dispatch.cpp, keys_in_runs and v_ahead_into_l2). K read in place goes in four runs on Intel
+// Streamed decoding follows three vendor rules (kernels/flash/config.cpp, choose_block;
+// dispatch.cpp, keys_in_runs, v_ahead_into_l2 and narrow_keys_asked_once). K read in place goes in
+// four runs on Intel
 // (`=dot_runs`), except 1-byte K outside the native unit's VNNI blocks, and as one stream with
 // P V asking for the next block's K elsewhere (`=dot` ... `+k_ahead`); V packed per block keeps
 // one stream for one-row blocks. Where K is one stream, the scores prefetch V of 2- and 4-byte
-// elements into L2 on Intel (`+v_l2`), into L1 on other CPUs and for 1-byte V. The vendor is read
-// here from /proc/cpuinfo, not CPUID as the library reads it. Off x86 no CPU is Intel's.
+// elements into L2 on Intel (`+v_l2`), into L1 on other CPUs and for 1-byte V; on AMD's family 25
+// (Zen 3 and Zen 4) the scores of 2-byte K that P V asked for do not ask again (`+k_once`). The
+// vendor is read here from /proc/cpuinfo, not CPUID as the library reads it. Off x86 no CPU is
+// Intel's or AMD's.
 TEST(Profile, DecodeStreamsFollowTheVendorRules) {
 #if defined(__x86_64__) || defined(__i386__)
   const bool intel = test::cpuinfo_field("vendor_id") == "GenuineIntel";
+  const bool amd_25 = test::cpuinfo_field("vendor_id") == "AuthenticAMD" &&
+                      std::atoi(test::cpuinfo_field("cpu family").c_str()) == 25;
 #else
-  const bool intel = false;
+  const bool intel = false, amd_25 = false;
 #endif
   // GQA (4 rows per K/V head, V rows whole vectors on every target) and MHA of 20-float rows
   // (V packed on targets of 8 or 16 lanes).
@@ -296,6 +301,7 @@ TEST(Profile, DecodeStreamsFollowTheVendorRules) {
           EXPECT_TRUE(one_stream) << path;
         }
         EXPECT_EQ(has("+v_l2"), one_stream && intel && kv != DType::i8) << path;
+        EXPECT_EQ(has("+k_once"), has("+k_ahead") && amd_25 && kv == DType::bf16) << path;
       }
     }
   }

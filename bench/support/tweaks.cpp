@@ -55,6 +55,10 @@ constexpr Tweak kTweaks[] = {
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block) b.scores_k_ahead = false;
      }},
+    {"scores_k_ahead",
+     [](Plan& pl) {
+       for (detail::BlockPath& b : pl.path.block) b.scores_k_ahead = true;
+     }},
     {"v_ahead_l1",
      [](Plan& pl) {
        for (detail::BlockPath& b : pl.path.block) b.v_ahead_l2 = false;

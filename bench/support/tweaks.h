@@ -23,6 +23,8 @@ namespace cpuattn {
 //                its rows would not fit L1d's sets (Dv 128 on x86)
 //   stream_out   f32 outputs of any size written with non-temporal stores
 //   no_scores_k_ahead  streamed blocks whose K rows P V asked for: the scores do not ask again
+//   scores_k_ahead     the same blocks' scores ask again, 16 keys ahead, as the plan does except
+//                      for 2-byte K on AMD's Zen 3 and Zen 4 (Choice::narrow_k_once)
 //   v_ahead_l1   decoding's scores prefetch V rows into L1 (BlockPath::v_ahead_l2 false)
 //   v_ahead_l2   decoding's scores prefetch V rows into L2, as the plan does on Intel for 2- and
 //                4-byte V

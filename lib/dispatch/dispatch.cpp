@@ -143,6 +143,25 @@ bool prefetch_hints_fill_l1() {
 #endif
 }
 
+// Whether decoding's scores ask only once for 2-byte K rows, leaving the rows of the next block to
+// P V's ask (BlockPath::k_ahead) instead of asking again 16 keys ahead (BlockPath::scores_k_ahead):
+// AMD family 0x19, Zen 3 and Zen 4. There bf16 and f16 decoding ran 2-9% faster on one thread
+// without the second ask (Zen 3, D1, D2, M2 and pages of 128 keys, every round; Zen 4 up to 16%
+// for M2), while f32 and int8 keys moved both ways (int8 gained from it on Zen 4); Intel's Xeon
+// gained from it for every type (4-10%), and Zen 5 (family 0x1a), where it gained before P V
+// asked, is unmeasured since (docs/performance.md#dm-scores-k-ahead). A vendor rule, as
+// bf16_dot's; the sums are the same either way.
+bool narrow_keys_asked_once() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!cpu_vendor_is("AuthenticAMD")) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff) == 0x19;
+#else
+  return false;
+#endif
+}
+
 // Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
 // leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
 // it keeps off until asked (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16; it fails where the kernel
@@ -211,10 +230,11 @@ Choice compute(Target cap, Simd provider) {
     c.amx_bf16 = cap == Target::best && !c.bf16_dot && amx;
   }
   static const bool v_l2 = v_ahead_into_l2(), k_runs = keys_in_runs(),
-                    fill_l1 = prefetch_hints_fill_l1();
+                    fill_l1 = prefetch_hints_fill_l1(), k_once = narrow_keys_asked_once();
   c.v_ahead_l2 = v_l2;
   c.key_runs = k_runs;
   c.hints_fill_l1 = fill_l1;
+  c.narrow_k_once = k_once;
   const int sve_bits = sve_vector_bits();
   if (c.target == Target::neon && (cap == Target::sve || cap == Target::best) &&
       sve_unit_runs(sve_bits)) {

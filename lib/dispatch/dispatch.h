@@ -60,6 +60,9 @@ struct Choice {
   // Whether every prefetch hint fills L1 (AMD before Zen 4: dispatch.cpp, prefetch_hints_fill_l1),
   // so that the plan's "into L2" asks compete for L1's misses too.
   bool hints_fill_l1 = false;
+  // Whether decoding's scores leave 2-byte K rows that P V asked for unasked (AMD family 0x19:
+  // dispatch.cpp, narrow_keys_asked_once).
+  bool narrow_k_once = false;
 };
 
 // The choice for a cap and a wanted provider on this CPU. Cached: CPUID runs once per process.

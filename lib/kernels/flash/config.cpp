@@ -233,6 +233,7 @@ BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bo
   const bool key_runs = choice.key_runs && (dtype_size(p.k.dtype) > 1 || b.pv == PvUnit::runs_vnni);
   b.k_ahead = in_place && !key_runs;
   b.k_ahead_declined = in_place && key_runs;
+  b.scores_k_ahead = !(choice.narrow_k_once && dtype_size(p.k.dtype) == 2);
   const bool runs = in_place ? key_runs : p.pages != nullptr || (few && dtype_size(p.k.dtype) > 1);
   b.score = runs ? ScoreUnit::dot_runs : ScoreUnit::dot;
   if (runs && choice.hints_fill_l1) b.runs_ahead = runs_ahead_within(p, fk.block_keys);
@@ -350,6 +351,7 @@ std::string path_name(const FlashPath& path) {
           : b.kv == KvUnit::k_packed ? "vin_"
                                      : "") +
          kPv[static_cast<int>(b.pv)] + (b.k_ahead ? "+k_ahead" : "") +
+         (b.k_ahead && !b.scores_k_ahead ? "+k_once" : "") +
          (b.v_ahead_l2 && b.score == ScoreUnit::dot ? "+v_l2" : "") +
          (b.score == ScoreUnit::dot_runs && b.runs_ahead < kMaxRunsAhead
               ? "+ahead" + std::to_string(b.runs_ahead)

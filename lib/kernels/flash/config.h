@@ -83,7 +83,8 @@ struct BlockPath {
   // rows (key_ahead.h).
   bool k_ahead = false;
   // The streamed scores prefetch K rows ahead of their own, with k_ahead also where P V asked for
-  // them already. Always chosen; `cpuattn bench --tweak no_scores_k_ahead` times the second ask
+  // them already, except 2-byte K on AMD's Zen 3 and Zen 4 (Choice::narrow_k_once; the path
+  // names it "+k_once"). `cpuattn bench --tweak no_scores_k_ahead` / `scores_k_ahead` time either
   // against the plan (a CPU-dependent trade: docs/performance.md#dm-scores-k-ahead).
   bool scores_k_ahead = true;
   // Streamed K in place that reads in runs (ScoreUnit::dot_runs) by Intel's rule where other

@@ -283,7 +283,7 @@ void DotScores(int R, const float* qd, std::int64_t dp, std::int64_t D, const T*
 // beside K, f32 V as well: with P V prefetching the next block's K (BlockPath::k_ahead) each
 // phase keeps one block of bytes in flight (docs/performance.md#dm-k-ahead-f32). k_asked: P V
 // asked for this block's K rows already and the plan has the scores ask for none ahead of their
-// own (BlockPath::scores_k_ahead false: only as a bench tweak,
+// own (BlockPath::scores_k_ahead false: 2-byte K on AMD's Zen 3 and Zen 4,
 // docs/performance.md#dm-scores-k-ahead). k_lo: Qp was multiplied by 2^120 and an fp8 K reads as
 // Fp8E4M3Lo (fp8_lo-inl.h). v_l2: V rows into L2 (BlockPath::v_ahead_l2).
 template <class O, bool kHiLo>
