@@ -145,12 +145,12 @@ bool prefetch_hints_fill_l1() {
 
 // Whether decoding's scores ask only once for 2-byte K rows, leaving the rows of the next block to
 // P V's ask (BlockPath::k_ahead) instead of asking again 16 keys ahead (BlockPath::scores_k_ahead):
-// AMD family 0x19, Zen 3 and Zen 4. There bf16 and f16 decoding ran 2-9% faster on one thread
-// without the second ask (Zen 3, D1, D2, M2 and pages of 128 keys, every round; Zen 4 up to 16%
-// for M2), while f32 and int8 keys moved both ways (int8 gained from it on Zen 4); Intel's Xeon
-// gained from it for every type (4-10%), and Zen 5 (family 0x1a), where it gained before P V
-// asked, is unmeasured since (docs/performance.md#dm-scores-k-ahead). A vendor rule, as
-// bf16_dot's; the sums are the same either way.
+// AMD family 0x19, Zen 3 and Zen 4. There bf16 and f16 decoding ran faster without the second
+// ask (Zen 3: D1, D2, M2 and pages of 128 keys; Zen 4: D2 and M2), while f32 and int8 keys moved
+// both ways (int8 gained from it on Zen 4); Intel's Xeon gained from it for every type, and Zen 5
+// (family 0x1a), where it gained before P V asked, is unmeasured since
+// (docs/performance.md#dm-scores-k-ahead). A vendor rule, as bf16_dot's; the sums are the same
+// either way.
 bool narrow_keys_asked_once() {
 #if defined(__x86_64__) || defined(__i386__)
   if (!cpu_vendor_is("AuthenticAMD")) return false;
