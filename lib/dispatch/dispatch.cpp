@@ -121,26 +121,33 @@ bool v_ahead_into_l2() { return cpu_vendor_is("GenuineIntel"); }
 // as bf16_dot's; both read the same sums, bit for bit.
 bool keys_in_runs() { return cpu_vendor_is("GenuineIntel"); }
 
+// An AMD CPU's family and model with their extended fields (CPUID leaf 1, EAX); family 0 for other
+// vendors and architectures.
+struct AmdModel {
+  unsigned family = 0, model = 0;
+};
+AmdModel amd_model() {
+  AmdModel m;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!cpu_vendor_is("AuthenticAMD") || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return m;
+  m.family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+  m.model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
+#endif
+  return m;
+}
+
 // Whether every prefetch hint fills L1 here, prefetcht1/t2/nta as prefetcht0: AMD before Zen 4
 // (family 0x17, and 0x19 outside Zen 4's model ranges 0x10-0x1f, 0x60-0x7f and 0xa0-0xaf). Measured
 // on a Zen 3 (docs/performance.md#dm-zen3-prefetch-levels); AMD documents T1/T2 into L2 as new
 // with Zen 4. Intel's hints reach L2 only, and other architectures get false.
 bool prefetch_hints_fill_l1() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (!cpu_vendor_is("AuthenticAMD")) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  // Family and model with their extended fields (CPUID leaf 1, EAX).
-  const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
-  const unsigned model = ((eax >> 4) & 0xf) | ((eax >> 12) & 0xf0);
-  if (family == 0x17) return true;
-  if (family != 0x19) return false;
-  const bool zen4 = (model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
-                    (model >= 0xa0 && model <= 0xaf);
+  const AmdModel m = amd_model();
+  if (m.family == 0x17) return true;
+  if (m.family != 0x19) return false;
+  const bool zen4 = (m.model >= 0x10 && m.model <= 0x1f) || (m.model >= 0x60 && m.model <= 0x7f) ||
+                    (m.model >= 0xa0 && m.model <= 0xaf);
   return !zen4;
-#else
-  return false;
-#endif
 }
 
 // Whether decoding's scores ask only once for 2-byte K rows, leaving the rows of the next block to
@@ -151,16 +158,7 @@ bool prefetch_hints_fill_l1() {
 // (family 0x1a), where it gained before P V asked, is unmeasured since
 // (docs/performance.md#dm-scores-k-ahead). A vendor rule, as bf16_dot's; the sums are the same
 // either way.
-bool narrow_keys_asked_once() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (!cpu_vendor_is("AuthenticAMD")) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  return ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff) == 0x19;
-#else
-  return false;
-#endif
-}
+bool narrow_keys_asked_once() { return amd_model().family == 0x19; }
 
 // Whether the avx512_bf16 unit's AMX tiles run here: the CPU has AMX-TILE and AMX-BF16 (CPUID
 // leaf 7 subleaf 0, EDX bits 24 and 22) and Linux grants this process the tile data state, which
