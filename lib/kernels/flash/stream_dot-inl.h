@@ -44,17 +44,25 @@ inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
 // key, instead of key after key, each row front to back, whose addresses ascend as in a plain
 // stream the hardware prefetchers follow (interleaving four f32/bf16 rows per d lost from DRAM
 // with AVX-512: docs/performance.md#dm-decode-key-order). 1-byte rows are short runs (128 bytes at
-// D = 128), so side by side still moves through memory in order. 2-byte and f32 rows of several Q
-// rows on AVX2 as well: key after key, each step is R Q loads and a K load for R FMAs, more loads
-// than a core serves beside two FMA pipes, in only R chains against the FMA's latency; two keys
-// side by side take R + 2 loads for 2R FMAs in 2R chains, the same sums bit for bit
-// (docs/performance.md#dm-decode-bf16-side-by-side, #dm-decode-f32-side-by-side-avx2). Keys of
+// D = 128), so side by side still moves through memory in order. 2-byte and f32 rows on AVX2 as
+// well: key after key, each step is R Q loads and a K load for R FMAs, more loads than a core
+// serves beside two FMA pipes, in only R chains against the FMA's latency (one chain for one row);
+// G keys side by side take R + G loads for GR FMAs in GR chains, the same sums bit for bit
+// (docs/performance.md#dm-decode-bf16-side-by-side, #dm-decode-f32-side-by-side-avx2,
+// #dm-decode-one-row-avx2). Keys of
 // four runs (kRuns: RunsStep4) lie in four streams whatever the order, so they go side by side
 // too: key after key, AVX-512's f32 step was R Q loads and a K load for R FMAs, 5 loads for 4 FMAs
 // at R = 4 (docs/performance.md#dm-runs-side-by-side).
 template <class T, int R, bool kRuns>
 inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
-                                        (sizeof(T) <= 4 && R >= 2 && CPUATTN_SIMD_BITS == 256);
+                                        (sizeof(T) <= 4 && CPUATTN_SIMD_BITS == 256);
+
+// Keys Dot4 takes side by side in one pass on AVX2: all four where its 4R accumulators, the four
+// K vectors and a Q vector fit in 16 registers (R <= 2), else two pairs one after the other. One
+// row (MHA decoding) with a pair per pass was two FMA chains against the FMA's 4-cycle latency,
+// and one row key after key one chain (docs/performance.md#dm-decode-one-row-avx2).
+template <int R>
+inline constexpr int kDot4KeysAtOnce = R <= 2 ? 4 : 2;
 
 // Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses.
 template <class O, int R, int G, class T, bool kRuns>
@@ -117,14 +125,19 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
                              O::ToRaw(acc[r][3]));
   }
 #else
+  // Each key's accumulator takes the same FMAs in the same order either way: the same sums.
+  constexpr int G = kDot4KeysAtOnce<R>;
   __m256 pairs[2][R];
   CPUATTN_UNROLL(2)
-  for (int h = 0; h < 2; ++h) {
-    typename O::V acc[R][2];
-    DotKeys<O, R, 2, T, kRuns>(qd, dp, dv, k + 2 * h, acc);
+  for (int h = 0; h < 4; h += G) {
+    typename O::V acc[R][G];
+    DotKeys<O, R, G, T, kRuns>(qd, dp, dv, k + h, acc);
     CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r)
-      pairs[h][r] = x86::PairSum(O::ToRaw(acc[r][0]), O::ToRaw(acc[r][1]));
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(2)
+      for (int g = 0; g < G; g += 2)
+        pairs[(h + g) / 2][r] = x86::PairSum(O::ToRaw(acc[r][g]), O::ToRaw(acc[r][g + 1]));
+    }
   }
   CPUATTN_UNROLL(16)
   for (int r = 0; r < R; ++r) sum[r] = x86::ReducePairSums(pairs[0][r], pairs[1][r]);
