@@ -97,6 +97,15 @@ CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t 
   }
 }
 
+// Column vectors of the P V tiles of at most kPvFewRows rows (PvBlockRuns): the R x C
+// accumulators are the tile's FMA chains, and one row of kPvCols = 2 vectors (MHA decoding on
+// AVX2 and 128-bit targets) was two chains against the FMA's latency of 4 or more cycles; 4
+// columns give one row 4 chains and two rows 8, in 11 registers at most
+// (docs/performance.md#dm-decode-one-row-avx2).
+inline constexpr int kPvFewRows = 2;
+template <class O>
+inline constexpr int kPvFewRowsCols = O::kPvCols < 4 ? 4 : O::kPvCols;
+
 template <class O, int C, class TV>
 void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
              std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride,
@@ -104,7 +113,7 @@ void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs,
   switch (R) {
 #define CPUATTN_PV_CASE(n)                                                                   \
   case n:                                                                                    \
-    if constexpr (n <= O::kPvRows)                                                           \
+    if constexpr (n <= O::kPvRows && (C <= O::kPvCols || n <= kPvFewRows))                   \
       PvTile<O, n, C, TV>(p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc); \
     break;
     CPUATTN_PV_CASE(1)
@@ -127,21 +136,22 @@ template <class O, class TV = float>
 void PvRows(int R, int C, const float* p, std::int64_t p_stride, const VRun<TV>* runs, int nruns,
             std::int64_t c0, std::int64_t v_stride, float* acc, std::int64_t acc_stride,
             const PvOut* out = nullptr, std::int64_t oc = 0) {
-  static_assert(O::kPvRows <= 8 && O::kPvCols <= 4, "extend the switches");
+  static_assert(O::kPvRows <= 8 && O::kPvCols <= 4 && kPvFewRowsCols<O> <= 4,
+                "extend the switches");
   switch (C) {
     case 1:
       PvRowsC<O, 1, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 2:
-      if constexpr (O::kPvCols >= 2)
+      if constexpr (kPvFewRowsCols<O> >= 2)
         PvRowsC<O, 2, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 3:
-      if constexpr (O::kPvCols >= 3)
+      if constexpr (kPvFewRowsCols<O> >= 3)
         PvRowsC<O, 3, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     case 4:
-      if constexpr (O::kPvCols >= 4)
+      if constexpr (kPvFewRowsCols<O> >= 4)
         PvRowsC<O, 4, TV>(R, p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc);
       break;
     default:
@@ -239,7 +249,8 @@ template <class O>
 void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                  std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
                  float* acc, std::int64_t dvp, bool v_lo, const detail::KeyAhead& ahead) {
-  constexpr int CW = O::kPvCols * O::kLanes;
+  const std::int64_t CW =
+      (r_hi - r_lo <= kPvFewRows ? kPvFewRowsCols<O> : O::kPvCols) * std::int64_t{O::kLanes};
   WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
     constexpr std::int64_t K = kStepKeys<T>;
