@@ -49,10 +49,9 @@ inline constexpr int kDot4Rows = CPUATTN_SIMD_BITS == 512 ? 6 : 4;
 // serves beside two FMA pipes, in only R chains against the FMA's latency (one chain for one row);
 // G keys side by side take R + G loads for GR FMAs in GR chains, the same sums bit for bit
 // (docs/performance.md#dm-decode-bf16-side-by-side, #dm-decode-f32-side-by-side-avx2,
-// #dm-decode-one-row-avx2). Keys of
-// four runs (kRuns: RunsStep4) lie in four streams whatever the order, so they go side by side
-// too: key after key, AVX-512's f32 step was R Q loads and a K load for R FMAs, 5 loads for 4 FMAs
-// at R = 4 (docs/performance.md#dm-runs-side-by-side).
+// #dm-decode-one-row-avx2). Keys of four runs (kRuns: RunsStep4) lie in four streams whatever the
+// order, so they go side by side too: key after key, AVX-512's f32 step was R Q loads and a K load
+// for R FMAs, 5 loads for 4 FMAs at R = 4 (docs/performance.md#dm-runs-side-by-side).
 template <class T, int R, bool kRuns>
 inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
                                         (sizeof(T) <= 4 && CPUATTN_SIMD_BITS == 256);
