@@ -99,8 +99,8 @@ CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t 
 
 // Column vectors of the P V tiles of at most kPvFewRows rows (PvBlockRuns): the R x C
 // accumulators are the tile's FMA chains, and one row of kPvCols = 2 vectors (MHA decoding on
-// AVX2 and 128-bit targets) was two chains against the FMA's latency of 4 or more cycles; 4
-// columns give one row 4 chains and two rows 8, in 11 registers at most
+// AVX2, SSE4 and the portable fallback) was two chains against the FMA's latency of 4 or more
+// cycles; 4 columns give one row 4 chains and two rows 8, in 11 registers at most
 // (docs/performance.md#dm-decode-one-row-avx2).
 inline constexpr int kPvFewRows = 2;
 template <class O>
