@@ -285,10 +285,11 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
 
 // Decoding steps over K/V of `kv` with 1..8 query rows per K/V head: the streamed dot takes up to
 // 4 rows against 4 keys at a time (Dot4; 5..8 rows in two halves of 2..4; on AVX2 the keys side by
-// side, all four at once for 1-2 rows) with odd D (19) and tails of keys; the P V runs read V in
-// steps of 8 KiB of rows and column chunks of kPvCols vectors, 4 for 1-2 rows (Dv 72: a last chunk
-// of one vector on AVX2; Dv 56: of three vectors for 1-2 rows, of one beside 2-vector chunks; Dv
-// 20: not whole vectors, V packed). Odd key counts, windows that leave rows with no key, both
+// side, all four at once for 1-2 rows and for 3 rows of f32 or bf16 keys, which hold the Q rows
+// instead of the keys) with odd D (19) and tails of keys; the P V runs read V in steps of 8 KiB of
+// rows and column chunks of kPvCols vectors, 4 for 1-3 rows (Dv 72: a last chunk of one vector on
+// AVX2; Dv 56: of three vectors for 1-3 rows, of one beside 2-vector chunks; Dv 20: not whole
+// vectors, V packed). Odd key counts, windows that leave rows with no key, both
 // layouts, and split keys (Lk 1100 with one sequence).
 void check_decoding_rows_keys_and_columns(DType kv, const Backend& backend) {
   int n = 0;

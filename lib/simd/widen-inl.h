@@ -23,6 +23,13 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// Whether LoadWide<O> of T needs no register beyond its result (f32, bf16, f16, int8): fp8's
+// widening keeps masks and a multiplier live across a loop. The decode tiles that fill AVX2's 16
+// registers with accumulators, operands and one widened vector take that fill only for these.
+template <class T>
+inline constexpr bool kWidensInPlace =
+    !std::is_same_v<T, detail::Fp8E4M3> && !std::is_same_v<T, detail::Fp8E4M3Lo>;
+
 // The first n < kLanes elements, the other lanes 0 (no element past p + n is read).
 template <class O, class T>
 CPUATTN_ALWAYS_INLINE typename O::V LoadWidePartial(const T* p, std::int64_t n) {

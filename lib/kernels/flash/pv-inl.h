@@ -19,6 +19,7 @@
 #include "kernels/flash/fp8_lo-inl.h"
 #include "kernels/flash/key_ahead.h"
 #include "simd/target_namespace.h"
+#include "simd/widen-inl.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
@@ -100,9 +101,14 @@ CPUATTN_ALWAYS_INLINE void PvTile(const float* CPUATTN_RESTRICT p, std::int64_t 
 // Column vectors of the P V tiles of at most kPvFewRows rows (PvBlockRuns): the R x C
 // accumulators are the tile's FMA chains, and one row of kPvCols = 2 vectors (MHA decoding on
 // AVX2, SSE4 and the portable fallback) was two chains against the FMA's latency of 4 or more
-// cycles; 4 columns give one row 4 chains and two rows 8, in 11 registers at most
-// (docs/performance.md#dm-decode-one-row-avx2).
-inline constexpr int kPvFewRows = 2;
+// cycles, three rows (GQA groups of 3: Llama 3.2 3B) six; 4 columns give 4, 8 and 12 chains. Three
+// rows fill the 16 registers as the dense product's 3 x 4 tile does: 12 accumulators, the 3
+// broadcasts and one V vector at a time (kBroadcastsFirst, kernels/common/outer-inl.h), which
+// leaves no register for the constants of fp8's widening (GCC kept up to four accumulators on the
+// stack): fp8 V takes 4 columns for at most two rows (docs/performance.md#dm-decode-one-row-avx2,
+// #dm-decode-three-rows-avx2).
+template <class TV>
+inline constexpr int kPvFewRows = kWidensInPlace<TV> ? 3 : 2;
 template <class O>
 inline constexpr int kPvFewRowsCols = O::kPvCols < 4 ? 4 : O::kPvCols;
 
@@ -113,7 +119,7 @@ void PvRowsC(int R, const float* p, std::int64_t p_stride, const VRun<TV>* runs,
   switch (R) {
 #define CPUATTN_PV_CASE(n)                                                                   \
   case n:                                                                                    \
-    if constexpr (n <= O::kPvRows && (C <= O::kPvCols || n <= kPvFewRows))                   \
+    if constexpr (n <= O::kPvRows && (C <= O::kPvCols || n <= kPvFewRows<TV>))               \
       PvTile<O, n, C, TV>(p, p_stride, runs, nruns, c0, v_stride, acc, acc_stride, out, oc); \
     break;
     CPUATTN_PV_CASE(1)
@@ -249,10 +255,10 @@ template <class O>
 void PvBlockRuns(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                  std::int64_t nk_live, int r_lo, int r_hi, const float* s, std::int64_t s_stride,
                  float* acc, std::int64_t dvp, bool v_lo, const detail::KeyAhead& ahead) {
-  const std::int64_t CW =
-      (r_hi - r_lo <= kPvFewRows ? kPvFewRowsCols<O> : O::kPvCols) * std::int64_t{O::kLanes};
   WithReadElem(p.v.dtype, v_lo, [&](auto t) {
     using T = decltype(t);
+    const std::int64_t CW =
+        (r_hi - r_lo <= kPvFewRows<T> ? kPvFewRowsCols<O> : O::kPvCols) * std::int64_t{O::kLanes};
     constexpr std::int64_t K = kStepKeys<T>;
     const std::int64_t steps = (nk_live + K - 1) / K, chunks = (dvp + CW - 1) / CW;
     VRun<T> vruns[K];

@@ -56,14 +56,26 @@ template <class T, int R, bool kRuns>
 inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
                                         (sizeof(T) <= 4 && CPUATTN_SIMD_BITS == 256);
 
-// Keys Dot4 takes side by side in one pass on AVX2: all four where its 4R accumulators, the four
-// K vectors and a Q vector fit in 16 registers (R <= 2), else two pairs one after the other. One
-// row (MHA decoding) with a pair per pass was two FMA chains against the FMA's 4-cycle latency,
-// and one row key after key one chain (docs/performance.md#dm-decode-one-row-avx2).
-template <int R>
-inline constexpr int kDot4KeysAtOnce = R <= 2 ? 4 : 2;
+// Keys Dot4 takes side by side in one pass on AVX2: all four where its 4R accumulators fit the 16
+// registers beside four K vectors and a Q vector (R <= 2) or beside R Q vectors and one key (R =
+// 3, f32 and bf16 keys), else two pairs one after the other. One row (MHA decoding) with a pair
+// per pass was two FMA chains against the FMA's 4-cycle latency, one row key after key one chain,
+// three rows six. Three rows of f16, int8 or fp8 keys keep pairs: with all four keys GCC 12 left
+// one accumulator on the stack, a chain through a store and a reload every step
+// (docs/performance.md#dm-decode-one-row-avx2, #dm-decode-three-rows-avx2).
+template <int R, class T>
+inline constexpr int kDot4KeysAtOnce =
+    R <= 2 || (R == 3 && (std::is_same_v<T, float> || std::is_same_v<T, detail::Bf16>)) ? 4 : 2;
 
-// Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses.
+// Whether DotKeys' side-by-side step holds its G K vectors and loads one Q vector at a time, or,
+// where R * G accumulators, G keys and a Q vector overflow the registers (AVX2's 3 x 4), holds
+// the R Q vectors and widens one key at a time (kBroadcastsFirst's choice, outer-inl.h). Holding
+// the keys GCC kept an accumulator on the stack, its FMA chain through a store and a reload.
+template <int R, int G>
+inline constexpr bool kKeysHeld = (G * (R + 1) + 1 <= (CPUATTN_SIMD_BITS == 512 ? 32 : 16));
+
+// Keys k[0..G) into acc[r][g] over d < dv, in the order kKeysSideBySide chooses (the same FMAs
+// into each accumulator in the same order whichever operands kKeysHeld keeps in registers).
 template <class O, int R, int G, class T, bool kRuns>
 CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_t dp,
                                    std::int64_t dv, const T* const* k, typename O::V (&acc)[R][G]) {
@@ -75,14 +87,26 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
   }
   if constexpr (kKeysSideBySide<T, R, kRuns>) {
     for (std::int64_t d = 0; d < dv; d += N) {
-      typename O::V kv[G];
-      CPUATTN_UNROLL(4)
-      for (int g = 0; g < G; ++g) kv[g] = LoadWide<O>(k[g] + d);
-      CPUATTN_UNROLL(16)
-      for (int r = 0; r < R; ++r) {
-        const typename O::V qv = InRegister<O>(O::Load(qd + r * dp + d));  // one load, G FMAs
+      if constexpr (kKeysHeld<R, G>) {
+        typename O::V kv[G];
         CPUATTN_UNROLL(4)
-        for (int g = 0; g < G; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+        for (int g = 0; g < G; ++g) kv[g] = LoadWide<O>(k[g] + d);
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) {
+          const typename O::V qv = InRegister<O>(O::Load(qd + r * dp + d));  // one load, G FMAs
+          CPUATTN_UNROLL(4)
+          for (int g = 0; g < G; ++g) acc[r][g] = O::MulAdd(qv, kv[g], acc[r][g]);
+        }
+      } else {
+        typename O::V qv[R];
+        CPUATTN_UNROLL(16)
+        for (int r = 0; r < R; ++r) qv[r] = InRegister<O>(O::Load(qd + r * dp + d));
+        CPUATTN_UNROLL(4)
+        for (int g = 0; g < G; ++g) {
+          const typename O::V kv = InRegister<O>(LoadWide<O>(k[g] + d));  // one load, R FMAs
+          CPUATTN_UNROLL(16)
+          for (int r = 0; r < R; ++r) acc[r][g] = O::MulAdd(qv[r], kv, acc[r][g]);
+        }
       }
     }
   } else {
@@ -125,7 +149,7 @@ CPUATTN_ALWAYS_INLINE void Dot4(const float* CPUATTN_RESTRICT qd, std::int64_t d
   }
 #else
   // Each key's accumulator takes the same FMAs in the same order either way: the same sums.
-  constexpr int G = kDot4KeysAtOnce<R>;
+  constexpr int G = kDot4KeysAtOnce<R, T>;
   __m256 pairs[2][R];
   CPUATTN_UNROLL(2)
   for (int h = 0; h < 4; h += G) {
