@@ -19,9 +19,10 @@
 //   Floor                      exact, for finite lanes.
 //   FloorFrac(x)               x - floor(x) in [0, 1), exact (one rounding-free operation) for
 //                              finite lanes; NaN for NaN.
-//   LdExpFloor(p, x)           p * 2^floor(x) exactly for floor(x) in [-126, 127]; exactly 0
-//                              where x < -126 (also -inf, whatever p is); NaN where x is NaN.
-//                              Other lanes: unspecified value, never undefined behaviour.
+//   LdExpFloor(p, x)           p * 2^floor(x) exactly where x > -126, p is in [0.5, 2) and the
+//                              product is a normal float; exactly 0 where x <= -126 (also -inf,
+//                              whatever p is); NaN where x and p are NaN (Exp2's p is, for a NaN
+//                              x). Other lanes: unspecified value, never undefined behaviour.
 //   ReduceSum                  sum of the lanes, association order unspecified.
 //   ReduceMax                  the largest lane, exactly; -inf when every lane is -inf.
 //   Lt, Ge, IsNaN, IfThenElse  lane masks and selection, exact (comparisons with NaN are false).

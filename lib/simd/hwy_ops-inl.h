@@ -100,24 +100,27 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
     return hn::IfThenElse(keep, R(s), hn::Set(D(), -std::numeric_limits<float>::infinity()));
   }
 
-#if CPUATTN_SIMD_BITS >= 256
+#if CPUATTN_SIMD_BITS >= 128
   static HWY_INLINE V FloorFrac(V x) { return V{x86::FloorFrac(x.raw)}; }
   static HWY_INLINE V LdExpFloor(V p, V x) { return V{x86::LdExpFloor(p.raw, x.raw)}; }
 #else
   static HWY_INLINE V FloorFrac(V x) { return hn::Sub(R(x), hn::Floor(R(x))); }
+  // floor(x) added to p's exponent field, as x86::LdExpFloor does (exact for -126 < x < 128 with
+  // Exp2's p), in unsigned lanes: the emulated target's signed overflow would be undefined.
   static HWY_INLINE V LdExpFloor(V p, V x) {
     const hn::RebindToSigned<D> di;
-    auto n = hn::Floor(R(x));
-#if CPUATTN_SIMD_BITS == 0
+    const hn::RebindToUnsigned<D> du;
+    auto fl = hn::Floor(R(x));
+#if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
     // The emulated ConvertTo is a C++ cast: NaN or a value past int32 is undefined behaviour
-    // there (UBSan caught NaN under clang), where x86's cvttps returns 0x80000000, which the
-    // shift below turns into 1.0 (and p carries the NaN).
-    n = hn::IfThenElse(hn::IsNaN(n), hn::Zero(D()),
-                       hn::Min(hn::Max(n, hn::Set(D(), -127.0f)), hn::Set(D(), 128.0f)));
+    // there (UBSan caught NaN under clang). ARM's fcvtzs saturates and gives 0 for NaN, which the
+    // shift keeps 0 (p carries the NaN), so NEON and SVE need no clamp.
+    fl = hn::IfThenElse(hn::IsNaN(fl), hn::Zero(D()),
+                        hn::Min(hn::Max(fl, hn::Set(D(), -127.0f)), hn::Set(D(), 128.0f)));
 #endif
-    const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-    return hn::IfThenElse(hn::Lt(R(x), hn::Set(D(), -126.0f)), hn::Zero(D()),
-                          hn::Mul(R(p), hn::BitCast(D(), bits)));
+    const auto n = hn::ShiftLeft<23>(hn::BitCast(du, hn::ConvertTo(di, fl)));
+    return hn::IfThenElse(hn::Le(R(x), hn::Set(D(), -126.0f)), hn::Zero(D()),
+                          hn::BitCast(D(), hn::Add(hn::BitCast(du, R(p)), n)));
   }
 #endif
 

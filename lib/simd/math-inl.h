@@ -16,12 +16,12 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// 2^x. Maximum relative error 3e-7 (2.5 ulp) for x in [-126, 127]; x < -126 gives exactly 0
+// 2^x. Maximum relative error 3e-7 (2.5 ulp) for x in (-126, 127]; x <= -126 gives exactly 0
 // (never a denormal), so a masked score of -inf gives 0; NaN gives NaN; above 127 unspecified.
 // Method: x = n + f with n = floor(x) and f in [0, 1) (FloorFrac: one vreduceps on AVX-512);
 // 2^f by a degree-5 polynomial fitted for minimum relative error on [0, 1) (1.45e-7 in f32 Horner
 // form); LdExpFloor applies 2^n from x itself (vscalefps on AVX-512, the exponent bits
-// elsewhere), and zeroes the lanes below -126 whatever the polynomial gave for them.
+// elsewhere), and zeroes the lanes at or below -126 whatever the polynomial gave for them.
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V Exp2(typename O::V x) {
   const typename O::V f = O::FloorFrac(x);
@@ -35,7 +35,7 @@ CPUATTN_ALWAYS_INLINE typename O::V Exp2(typename O::V x) {
 }
 
 // 2^x for probabilities that are rounded to bf16 next (8 significant bits): maximum relative error
-// 3e-6 for x in [-126, 127], the rest as Exp2. Method: Exp2's, with 2^f by a degree-4 polynomial
+// 3e-6 for x in (-126, 127], the rest as Exp2. Method: Exp2's, with 2^f by a degree-4 polynomial
 // fitted for minimum relative error on [0, 1) (2.7e-6 in f32 Horner form): one multiply-add
 // fewer than Exp2 in the softmax of the native bf16 tiles, at 1/1400 of the bf16 rounding that
 // follows (docs/precision.md; degree 3, 7.5e-5, moved the log-sum-exp past its bound).

@@ -81,18 +81,8 @@ struct XsimdOps : simd::Tiles<CPUATTN_XSIMD_ARCH> {
     return V(x86::KeepIfByteSet(Raw(s), bytes));
   }
 
-#if CPUATTN_XSIMD_ARCH >= 256
   static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return V(x86::FloorFrac(Raw(x))); }
   static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) { return V(x86::LdExpFloor(Raw(p), Raw(x))); }
-#else
-  static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return x - xsimd::floor(x); }
-  // cvttps gives 0x80000000 for NaN and out-of-range lanes (defined on x86), which the shift
-  // turns into 1.0; p carries the NaN, and lanes below -126 are selected away.
-  static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) {
-    const auto bits = (xsimd::to_int(xsimd::floor(x)) + 127) << 23;
-    return xsimd::select(x < V(-126.0f), V(0.0f), p * xsimd::bitwise_cast<V>(bits));
-  }
-#endif
 
   static CPUATTN_ALWAYS_INLINE void Transpose(V* r) {
     Raw raw[kLanes];

@@ -71,10 +71,10 @@ CPUATTN_ALWAYS_INLINE __m512 FloorFrac(__m512 x) {
   return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
 
-// p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x < -126 are zeroed by
+// p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x <= -126 are zeroed by
 // the mask (the comparison is true for NaN, so NaN stays NaN).
 CPUATTN_ALWAYS_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLE_UQ);
   return _mm512_maskz_scalef_ps(keep, p, x);
 }
 
@@ -139,16 +139,19 @@ CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); 
 // x - floor(x); the floor is the one LdExpFloor takes, so a compiler computes it once for both.
 CPUATTN_ALWAYS_INLINE __m256 FloorFrac(__m256 x) { return _mm256_sub_ps(x, _mm256_floor_ps(x)); }
 
-// p * 2^floor(x) through the exponent bits: (cvttps(floor(x)) + 127) << 23, lanes with x < -126
-// zeroed. cvttps gives 0x80000000 for NaN and out-of-range lanes, which the shift turns into 1.0
-// (p carries the NaN; above 127 Exp2 leaves the result unspecified), so no range fix-up is needed:
-// Highway's ConvertTo adds five operations for one to Exp2's thirteen
+// p * 2^floor(x) by adding floor(x) to p's exponent field: cvttps(floor(x)) << 23 added to p's
+// bits as an integer, one operation fewer than building 2^floor(x) and multiplying, and off the
+// FMA pipes. Exact while the sum is a normal float's exponent; for Exp2's p in [0.99999994, 2)
+// that holds for -126 < x < 128, so lanes with x <= -126 are zeroed (x = -126 with p < 1 would
+// land on a denormal). cvttps gives 0x80000000 for NaN and out-of-range lanes, which the shift
+// turns into 0: p passes unchanged (NaN for a NaN x, as p is then; above 127 Exp2 leaves the
+// result unspecified), so no range fix-up is needed: Highway's ConvertTo adds five operations
 // (docs/performance.md#dm-avx2-ldexp).
 CPUATTN_ALWAYS_INLINE __m256 LdExpFloor(__m256 p, __m256 x) {
-  const __m256i n = _mm256_cvttps_epi32(_mm256_floor_ps(x));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
-  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-  return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+  const __m256i n = _mm256_slli_epi32(_mm256_cvttps_epi32(_mm256_floor_ps(x)), 23);
+  const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n));
+  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LE_OQ);
+  return _mm256_andnot_ps(below, scaled);
 }
 
 // Lane i (of each 128-bit half) of PairSum(a0, a1): pairs of a0's lanes (i < 2), a1's (i >= 2).
@@ -180,6 +183,15 @@ CPUATTN_ALWAYS_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) 
 }
 
 CPUATTN_ALWAYS_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
+
+// FloorFrac and LdExpFloor as the 256-bit ones above (SSE4.1's roundps).
+CPUATTN_ALWAYS_INLINE __m128 FloorFrac(__m128 x) { return _mm_sub_ps(x, _mm_floor_ps(x)); }
+
+CPUATTN_ALWAYS_INLINE __m128 LdExpFloor(__m128 p, __m128 x) {
+  const __m128i n = _mm_slli_epi32(_mm_cvttps_epi32(_mm_floor_ps(x)), 23);
+  const __m128 scaled = _mm_castsi128_ps(_mm_add_epi32(_mm_castps_si128(p), n));
+  return _mm_andnot_ps(_mm_cmple_ps(x, _mm_set1_ps(-126.0f)), scaled);
+}
 #endif
 
 }  // namespace x86
