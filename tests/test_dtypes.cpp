@@ -285,7 +285,7 @@ TEST_P(DtypeGrid, Int8DecodingRowsKeysAndColumns) {
 
 // Decoding steps over K/V of `kv` with 1..8 query rows per K/V head: the streamed dot takes up to
 // 4 rows against 4 keys at a time (Dot4; 5..8 rows in two halves of 2..4; on AVX2 the keys side by
-// side, all four at once for 1-2 rows and for 3 rows of f32 or bf16 keys, which hold the Q rows
+// side, all four at once for 1-2 rows and for 3 rows of every type but fp8, which hold the Q rows
 // instead of the keys) with odd D (19) and tails of keys; the P V runs read V in steps of 8 KiB of
 // rows and column chunks of kPvCols vectors, 4 for 1-3 rows (Dv 72: a last chunk of one vector on
 // AVX2; Dv 56: of three vectors for 1-3 rows, of one beside 2-vector chunks; Dv 20: not whole

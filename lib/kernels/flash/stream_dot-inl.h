@@ -57,15 +57,14 @@ inline constexpr bool kKeysSideBySide = kRuns || sizeof(T) == 1 ||
                                         (sizeof(T) <= 4 && CPUATTN_SIMD_BITS == 256);
 
 // Keys Dot4 takes side by side in one pass on AVX2: all four where its 4R accumulators fit the 16
-// registers beside four K vectors and a Q vector (R <= 2) or beside R Q vectors and one key (R =
-// 3, f32 and bf16 keys), else two pairs one after the other. One row (MHA decoding) with a pair
-// per pass was two FMA chains against the FMA's 4-cycle latency, one row key after key one chain,
-// three rows six. Three rows of f16, int8 or fp8 keys keep pairs: with all four keys GCC 12 left
-// one accumulator on the stack, a chain through a store and a reload every step
+// registers beside four K vectors and a Q vector (R <= 2) or beside R Q vectors and one key
+// widened in its own register (R = 3, every type but fp8), else two pairs one after the other.
+// One row (MHA decoding) with a pair per pass was two FMA chains against the FMA's 4-cycle
+// latency, one row key after key one chain, three rows six. fp8's widening constants take
+// registers of their own, so three rows of fp8 keys keep pairs
 // (docs/performance.md#dm-decode-one-row-avx2, #dm-decode-three-rows-avx2).
 template <int R, class T>
-inline constexpr int kDot4KeysAtOnce =
-    R <= 2 || (R == 3 && (std::is_same_v<T, float> || std::is_same_v<T, detail::Bf16>)) ? 4 : 2;
+inline constexpr int kDot4KeysAtOnce = R <= 2 || (R == 3 && kWidensInPlace<T>) ? 4 : 2;
 
 // Whether DotKeys' side-by-side step holds its G K vectors and loads one Q vector at a time, or,
 // where R * G accumulators, G keys and a Q vector overflow the registers (AVX2's 3 x 4), holds
