@@ -39,6 +39,12 @@
 
 namespace cpuattn::simd {
 
+// LdExpFloor (and so Exp2) gives exactly 0 for x at or below this, on every target. The online
+// softmax relies on it: a rescale factor Exp2(m - m_new) of 0 clears the accumulator instead of
+// multiplying it (kernels/flash/softmax-inl.h). Above it, Exp2's p in [0.99999994, 2) times
+// 2^floor(x) is a normal float; at -126 itself it would be a denormal.
+inline constexpr float kExp2ZeroAtOrBelow = -126.0f;
+
 template <class O>
 concept VectorOps = requires(typename O::V v, typename O::M m, float* p, const float* cp,
                              const std::uint8_t* bytes, typename O::V* regs, float x) {

@@ -119,7 +119,7 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
                         hn::Min(hn::Max(fl, hn::Set(D(), -127.0f)), hn::Set(D(), 128.0f)));
 #endif
     const auto n = hn::ShiftLeft<23>(hn::BitCast(du, hn::ConvertTo(di, fl)));
-    return hn::IfThenElse(hn::Le(R(x), hn::Set(D(), -126.0f)), hn::Zero(D()),
+    return hn::IfThenElse(hn::Le(R(x), hn::Set(D(), simd::kExp2ZeroAtOrBelow)), hn::Zero(D()),
                           hn::BitCast(D(), hn::Add(hn::BitCast(du, R(p)), n)));
   }
 #endif

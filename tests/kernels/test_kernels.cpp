@@ -21,6 +21,7 @@
 #include "core/softmax.h"
 #include "dispatch/dispatch.h"
 #include "micro.h"
+#include "simd/contract.h"
 #include "test_util.h"
 
 namespace cpuattn::test {
@@ -58,8 +59,10 @@ class Micro : public ::testing::TestWithParam<Backend> {
 };
 
 // What Exp2 and Exp2Bf16 state: relative error <= `bound` on (-126, 127], and never a denormal
-// there; x <= -126 gives exactly 0; NaN stays NaN.
+// there; x <= -126 gives exactly 0 (the threshold the online softmax tests, kExp2ZeroAtOrBelow);
+// NaN stays NaN.
 void ExpectExp2Stated(void (*exp2)(const float*, float*, std::size_t), double bound) {
+  static_assert(simd::kExp2ZeroAtOrBelow == -126.0f, "the range below is Exp2's stated one");
   std::vector<float> x;
   for (double v = -126.0 + 1.0 / 1024; v <= 127.0; v += 1.0 / 1024)
     x.push_back(static_cast<float>(v));
@@ -83,8 +86,8 @@ void ExpectExp2Stated(void (*exp2)(const float*, float*, std::size_t), double bo
                            -1000.0f,
                            -127.0f,
                            -126.6f,
-                           std::nextafter(-126.0f, -127.0f),
-                           -126.0f,
+                           std::nextafter(simd::kExp2ZeroAtOrBelow, -127.0f),
+                           simd::kExp2ZeroAtOrBelow,
                            std::numeric_limits<float>::quiet_NaN()};
   constexpr int kSpecial = sizeof(special) / sizeof(special[0]);
   float out[kSpecial];

@@ -93,14 +93,14 @@ CPUATTN_ALWAYS_INLINE void OnlineSoftmaxRow(const float* CPUATTN_RESTRICT srow, 
   }
   if (!(m_new == m)) {
     // Nothing accumulated while m was -inf; otherwise rescale l and Acc. A factor of exactly 0
-    // (Exp2 at or below -126) sets Acc to 0 instead: the keys so far weigh nothing against the new
-    // max, and 0 times an inf or NaN they brought in (a V row whose weight is 0 only now) must not
-    // stay in the row, as the reference skips keys of weight 0. l is still multiplied: a NaN score
-    // left NaN there, and poisons the row as in the reference.
+    // (Exp2 at or below kExp2ZeroAtOrBelow) sets Acc to 0 instead: the keys so far weigh nothing
+    // against the new max, and 0 times an inf or NaN they brought in (a V row whose weight is 0
+    // only now) must not stay in the row, as the reference skips keys of weight 0. l is still
+    // multiplied: a NaN score left NaN there, and poisons the row as in the reference.
     if (m != neg_inf) {
       const V va = Exp2<O>(O::Set(m - m_new));
       O::Store(O::Mul(O::Load(lrow), va), lrow);
-      if (m - m_new <= -126.0f) {
+      if (m - m_new <= simd::kExp2ZeroAtOrBelow) {
         for (std::int64_t c = 0; c < dvp; c += N) O::Store(O::Zero(), arow + c);
       } else {
         for (std::int64_t c = 0; c < dvp; c += N) O::Store(O::Mul(O::Load(arow + c), va), arow + c);

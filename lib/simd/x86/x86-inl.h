@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd/contract.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
@@ -74,7 +75,8 @@ CPUATTN_ALWAYS_INLINE __m512 FloorFrac(__m512 x) {
 // p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x <= -126 are zeroed by
 // the mask (the comparison is true for NaN, so NaN stays NaN).
 CPUATTN_ALWAYS_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLE_UQ);
+  const __mmask16 keep =
+      _mm512_cmp_ps_mask(x, _mm512_set1_ps(simd::kExp2ZeroAtOrBelow), _CMP_NLE_UQ);
   return _mm512_maskz_scalef_ps(keep, p, x);
 }
 
@@ -150,7 +152,7 @@ CPUATTN_ALWAYS_INLINE __m256 FloorFrac(__m256 x) { return _mm256_sub_ps(x, _mm25
 CPUATTN_ALWAYS_INLINE __m256 LdExpFloor(__m256 p, __m256 x) {
   const __m256i n = _mm256_slli_epi32(_mm256_cvttps_epi32(_mm256_floor_ps(x)), 23);
   const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n));
-  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LE_OQ);
+  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(simd::kExp2ZeroAtOrBelow), _CMP_LE_OQ);
   return _mm256_andnot_ps(below, scaled);
 }
 
@@ -190,7 +192,7 @@ CPUATTN_ALWAYS_INLINE __m128 FloorFrac(__m128 x) { return _mm_sub_ps(x, _mm_floo
 CPUATTN_ALWAYS_INLINE __m128 LdExpFloor(__m128 p, __m128 x) {
   const __m128i n = _mm_slli_epi32(_mm_cvttps_epi32(_mm_floor_ps(x)), 23);
   const __m128 scaled = _mm_castsi128_ps(_mm_add_epi32(_mm_castps_si128(p), n));
-  return _mm_andnot_ps(_mm_cmple_ps(x, _mm_set1_ps(-126.0f)), scaled);
+  return _mm_andnot_ps(_mm_cmple_ps(x, _mm_set1_ps(simd::kExp2ZeroAtOrBelow)), scaled);
 }
 #endif
 
