@@ -11,6 +11,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "simd/target_namespace.h"
 #include "simd/widen-inl.h"
@@ -30,6 +31,27 @@ CPUATTN_ALWAYS_INLINE typename O::V InRegister(typename O::V v) {
 #else
   return v;
 #endif
+}
+
+// p, for the load of the next vector after R FMAs into acc_of_row(0..R) (the accumulators the
+// current vector fed), made to come after them (x86::After: no instruction). Where R held
+// operands, R x C accumulators and one widened vector at a time fill AVX2's 16 registers (the
+// 3 x 4 tiles of OuterStep, GemvStep and DotKeys with bf16, f16 or int8 data), clang 14's pre-RA
+// scheduler hoisted the next vector's load and widening above the current vector's last FMAs
+// (or kept one load for both vectors of a bf16 pair, PanelOrder): two vectors live, one register
+// short, and an accumulator spilled, its FMA chain through a store and a reload
+// (docs/performance.md#dm-clang-next-vector). An f32 vector has no widening to hoist.
+template <class O, int R, class AccOfRow, class P>
+CPUATTN_ALWAYS_INLINE P* LoadAfter(AccOfRow acc_of_row, P* p) {
+#if CPUATTN_SIMD_BITS > 0
+  if constexpr (!std::is_same_v<std::remove_const_t<P>, float>) {
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) p = x86::After(O::ToRaw(acc_of_row(r)), p);
+  }
+#else
+  static_cast<void>(acc_of_row);
+#endif
+  return p;
 }
 
 // The operand order of one k step beside R x C vector accumulators (OuterStep, GemvStep): the
@@ -64,9 +86,11 @@ CPUATTN_ALWAYS_INLINE void OuterStep(const float* CPUATTN_RESTRICT a, std::int64
     V av[R];
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) av[r] = O::Set(a[r * a_r]);
+    const TB* bj = b;
     CPUATTN_UNROLL(32)
     for (int j = 0; j < C; ++j) {
-      V bv = Order::template One<O, TB>(b, j);
+      if (j > 0) bj = LoadAfter<O, R>([&](int r) { return acc[r][j - 1]; }, bj);
+      V bv = Order::template One<O, TB>(bj, j);
       if constexpr (R > 1) bv = InRegister<O>(bv);
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) acc[r][j] = O::MulAdd(av[r], bv, acc[r][j]);

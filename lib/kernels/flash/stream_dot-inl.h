@@ -85,6 +85,9 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
     for (int g = 0; g < G; ++g) acc[r][g] = O::Zero();
   }
   if constexpr (kKeysSideBySide<T, R, kRuns>) {
+    const T* kk[G];
+    CPUATTN_UNROLL(4)
+    for (int g = 0; g < G; ++g) kk[g] = k[g];
     for (std::int64_t d = 0; d < dv; d += N) {
       if constexpr (kKeysHeld<R, G>) {
         typename O::V kv[G];
@@ -102,7 +105,8 @@ CPUATTN_ALWAYS_INLINE void DotKeys(const float* CPUATTN_RESTRICT qd, std::int64_
         for (int r = 0; r < R; ++r) qv[r] = InRegister<O>(O::Load(qd + r * dp + d));
         CPUATTN_UNROLL(4)
         for (int g = 0; g < G; ++g) {
-          const typename O::V kv = InRegister<O>(LoadWide<O>(k[g] + d));  // one load, R FMAs
+          if (g > 0) kk[g] = LoadAfter<O, R>([&](int r) { return acc[r][g - 1]; }, kk[g]);
+          const typename O::V kv = InRegister<O>(LoadWide<O>(kk[g] + d));  // one load, R FMAs
           CPUATTN_UNROLL(16)
           for (int r = 0; r < R; ++r) acc[r][g] = O::MulAdd(qv[r], kv, acc[r][g]);
         }

@@ -75,9 +75,11 @@ CPUATTN_ALWAYS_INLINE void GemvStep(
       V av[R];
       CPUATTN_UNROLL(16)
       for (int r = 0; r < R; ++r) av[r] = O::Set(a[r][k]);
+      const TB* row_j = row;
       CPUATTN_UNROLL(32)
       for (int j = 0; j < C; ++j) {
-        V bv = PanelOrder::One<O, TB>(row, j);
+        if (j > 0) row_j = LoadAfter<O, R>([&](int r) { return acc[r][q][j - 1]; }, row_j);
+        V bv = PanelOrder::One<O, TB>(row_j, j);
         if constexpr (R > 1) bv = InRegister<O>(bv);
         CPUATTN_UNROLL(16)
         for (int r = 0; r < R; ++r) acc[r][q][j] = O::MulAdd(av[r], bv, acc[r][q][j]);

@@ -38,6 +38,19 @@ CPUATTN_ALWAYS_INLINE Raw InRegister(Raw r) {
   return r;
 }
 
+// p, made to depend on r, so that clang schedules a load from p after the instruction that wrote
+// r (an empty asm: no instruction). GCC keeps the source's order of the loops that use it
+// (LoadAfter, kernels/common/outer-inl.h), and given the asm added a register copy to some.
+template <class Raw, class P>
+CPUATTN_ALWAYS_INLINE P* After(Raw r, P* p) {
+#if defined(__clang__)
+  asm("" : "+r"(p) : "v"(r));
+#else
+  static_cast<void>(r);
+#endif
+  return p;
+}
+
 #if CPUATTN_SIMD_BITS == 512
 // 16 x 16 floats: 32-bit and 64-bit unpacks within 128-bit blocks, then two rounds of 128-bit
 // block shuffles (48 shuffles where a lane-by-lane transpose costs a store per element).
