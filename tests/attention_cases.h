@@ -223,7 +223,7 @@ inline double unit_roundoff(DType t) {
 }
 
 // The tolerances of case c's out (atol per unit of the head's largest |v|, and rtol) and lse, on a
-// context that runs `native_path` (native_bf16_products).
+// context that runs `native_path` (native_products).
 struct Tolerance {
   double out_atol, out_rtol, lse_atol, lse_rtol;
 };
@@ -324,7 +324,7 @@ inline void check_case(const Case& c, const Backend& backend, int threads = 0) {
     EXPECT_EQ(std::memcmp(want.buf.data(), want2.buf.data(), want.buf.size() * 4), 0)
         << "the reference on stored dtypes differs from the reference on their f32 values";
   }
-  const Tolerance tol = tolerance_of(c, native_bf16_products(&ctx));
+  const Tolerance tol = tolerance_of(c, native_products(&ctx, c.kv_dtype));
   // Per (b, h): the error is relative to that head's largest finite |v| (1 for the random inputs,
   // more where a case plants large values).
   for (std::int64_t b = 0; b < c.B; ++b)

@@ -404,15 +404,20 @@ TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
   EXPECT_TRUE(all_close(out.data() + 2 * Dv, want.data() + 2 * Dv, 2 * Dv, 4e-3)) << "heads 2, 3";
 }
 
+// The targets whose int8 decoding steps run P V on VNNI (a native unit), where this CPU runs them.
+std::vector<Target> vnni_targets() {
+  std::vector<Target> ts;
+  for (Target t : {Target::avx512_vnni, Target::avx512_bf16})
+    if (machine_runs(t)) ts.push_back(t);
+  return ts;
+}
+
 // int8 V on the native decoding loop (VNNI P V) with an infinite and a NaN per-token scale: the
 // quantized weights cannot hold them, so those rows take the f32 loop and give the reference's
 // infinities and NaNs column by column (a zero V element times an infinite scale is NaN, the
-// others +-inf); the other rows stay within 2^-9 max|v|.
+// others +-inf); the other rows stay within 2^-9 max|v|. On both native units.
 TEST(NativeInt8Decode, NonFiniteScalesMatchF32) {
-  if (!machine_runs(Target::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
-  Context ctx;
-  ctx.set_max_target(Target::avx512_bf16);
-  ASSERT_STREQ(active_bf16_path(&ctx), "avx512_bf16");
+  if (vnni_targets().empty()) GTEST_SKIP() << "no AVX512-VNNI";
   const std::int64_t H = 8, Hkv = 2, Lk = 37, D = 48, Dv = 64;
   const std::vector<float> q = random_floats(H * D, 71);
   std::vector<std::int8_t> k(Hkv * Lk * D), v(Hkv * Lk * Dv);
@@ -431,12 +436,81 @@ TEST(NativeInt8Decode, NonFiniteScalesMatchF32) {
   AttentionOptions o;
   o.k_scales = f32_view(ks.data(), {1, Hkv, Lk});
   o.v_scales = f32_view(vs.data(), {1, Hkv, Lk});
-  std::vector<float> out(H * Dv, 7.0f), want(H * Dv);
-  attention(qv, kv, vv, f32_view(out.data(), {1, H, 1, Dv}), o, &ctx);
+  std::vector<float> want(H * Dv);
   reference_attention(qv, kv, vv, f32_view(want.data(), {1, H, 1, Dv}), o);
   ASSERT_TRUE(std::isnan(want[3]) && std::isinf(want[4]) && std::isnan(want[4 * Dv + 4]));
-  // |v| <= 127 * 0.01 = 1.27
-  EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), std::ldexp(1.27, -9)));
+  for (Target t : vnni_targets()) {
+    Context ctx;
+    ctx.set_max_target(t);
+    std::vector<float> out(H * Dv, 7.0f);
+    attention(qv, kv, vv, f32_view(out.data(), {1, H, 1, Dv}), o, &ctx);
+    // |v| <= 127 * 0.01 = 1.27
+    EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), std::ldexp(1.27, -9)))
+        << target_name(t);
+  }
+}
+
+// The avx512_vnni unit runs int8 decoding with the avx512_bf16 unit's code (the same driver and
+// VNNI P V, compiled without AVX512-BF16): the same bits, where a CPU runs both. 2..8 rows per
+// K/V head, odd and multi-block lengths, per-token scales, one case with a window.
+TEST(NativeInt8Decode, VnniUnitMatchesTheBf16UnitBitwise) {
+  if (vnni_targets().size() < 2) GTEST_SKIP() << "needs AVX512-VNNI and AVX512-BF16";
+  const std::int64_t B = 2, Hkv = 2, D = 64, Dv = 96;
+  int n = 0;
+  for (std::int64_t group : {2, 5, 8})
+    for (std::int64_t Lk : {3, 129, 700}) {
+      const std::int64_t H = Hkv * group;
+      SCOPED_TRACE("group " + std::to_string(group) + " Lk " + std::to_string(Lk));
+      const std::vector<float> q = random_floats(B * H * D, 81 + n);
+      std::vector<std::int8_t> k(B * Hkv * Lk * D), v(B * Hkv * Lk * Dv);
+      const auto kf = random_floats(k.size(), 82 + n, -127, 127),
+                 vf = random_floats(v.size(), 83 + n, -127, 127);
+      for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::int8_t>(kf[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int8_t>(vf[i]);
+      const std::vector<float> ks = random_floats(B * Hkv * Lk, 84 + n, 0.001f, 0.01f),
+                               vs = random_floats(B * Hkv * Lk, 85 + n, 0.001f, 0.01f);
+      AttentionOptions o;
+      o.k_scales = f32_view(ks.data(), {B, Hkv, Lk});
+      o.v_scales = f32_view(vs.data(), {B, Hkv, Lk});
+      if (n == 4) o.window_left = 50, o.window_right = 0;
+      ++n;
+      std::vector<float> out[2], lse[2];
+      for (int u = 0; u < 2; ++u) {
+        Context ctx;
+        ctx.set_simd(Simd::xsimd);
+        ctx.set_max_target(u == 0 ? Target::avx512_vnni : Target::avx512_bf16);
+        out[u].assign(B * H * Dv, 7.0f);
+        lse[u].assign(B * H, 7.0f);
+        o.lse = f32_view(lse[u].data(), {B, H, 1});
+        attention(f32_view(q.data(), {B, H, 1, D}),
+                  TensorView::contiguous(k.data(), DType::i8, {B, Hkv, Lk, D}),
+                  TensorView::contiguous(v.data(), DType::i8, {B, Hkv, Lk, Dv}),
+                  f32_view(out[u].data(), {B, H, 1, Dv}), o, &ctx);
+      }
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0) << "out";
+      EXPECT_EQ(std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * 4), 0) << "lse";
+    }
+}
+
+// A cap of avx512_vnni runs that target wherever /proc/cpuinfo lists avx512_vnni on an AVX-512
+// CPU (and this build has the native units), and `best` runs it or avx512_bf16 there; the bf16
+// calls keep the portable path on it.
+TEST(NativeInt8Decode, VnniTargetWhereTheCpuHasIt) {
+  if (!machine_runs(Target::avx512)) GTEST_SKIP() << "no AVX-512";
+  const bool vnni = cpuinfo_has_flag("avx512_vnni");
+  Context c;
+  c.set_max_target(Target::avx512_vnni);
+  const Target t = active_target(&c);
+  EXPECT_TRUE(t == Target::avx512_vnni || (t == Target::avx512 && !vnni)) << target_name(t);
+  EXPECT_STREQ(active_bf16_path(&c), "f32");
+  c.set_max_target(Target::best);
+  if (t == Target::avx512_vnni) {
+    EXPECT_TRUE(active_target(&c) == Target::avx512_vnni ||
+                active_target(&c) == Target::avx512_bf16)
+        << target_name(active_target(&c));
+  }
+  EXPECT_EQ(parse_target("avx512_vnni"), Target::avx512_vnni);
+  EXPECT_STREQ(target_name(Target::avx512_vnni), "avx512_vnni");
 }
 
 }  // namespace

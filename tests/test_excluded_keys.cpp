@@ -94,7 +94,7 @@ void check_poisoned(const Case& c, const Exclude& exclude, const std::vector<std
     finite += all ? 1 : 0;
   }
   ASSERT_GE(finite, finite_rows) << "the case poisons keys that its rows attend";
-  const Tolerance tol = tolerance_of(c, native_bf16_products(&ctx));
+  const Tolerance tol = tolerance_of(c, native_products(&ctx, c.kv_dtype));
   EXPECT_TRUE(all_close(out.data(), want.data(), out.size(), tol.out_atol, tol.out_rtol)) << "out";
   EXPECT_TRUE(all_close(lse.data(), want_lse.data(), lse.size(), tol.lse_atol, tol.lse_rtol))
       << "lse";

@@ -140,7 +140,7 @@ void check_cache_case(const Param& prm, std::int64_t B, std::int64_t H, std::int
   // The largest |v| the cache holds (static scales saturate; per-token ones keep 1).
   double vmax = 0;
   for (float x : v) vmax = std::max(vmax, double(std::abs(x)));
-  const bool native = native_bf16_products(&ctx);
+  const bool native = native_products(&ctx, prm.dtype);
   const double tol = tolerance(prm.dtype, D, Lk, std::max(vmax, 1e-30), native);
   std::size_t worst = 0;
   double worst_err = -1;
@@ -183,7 +183,7 @@ TEST_P(KvTypeGrid, PagedCacheAgainstTheReference) {
     attention(f32_view(q.data(), {2, H, lq, D}), kv, f32_view(got.data(), {2, H, lq, D}), o, &ctx);
     reference_attention(f32_view(q.data(), {2, H, lq, D}), kv, f32_view(want.data(), {2, H, lq, D}),
                         o);
-    const bool native = native_bf16_products(&ctx);
+    const bool native = native_products(&ctx, p.dtype);
     const double tol = tolerance(p.dtype, D, 300, 1.0, native);
     for (std::size_t i = 0; i < got.size(); ++i)
       ASSERT_LE(std::abs(double(got[i]) - want[i]), tol)

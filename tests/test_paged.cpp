@@ -172,7 +172,7 @@ void check_pool(const Pool& pl, const AttentionOptions& opts, const Backend& bac
   // The native decoding units round P for P V (bf16 V: to bf16, and Q splits into bf16 hi + lo;
   // int8 V: to int16 against the block's largest weight): the bound of tolerance_of
   // (attention_cases.h) for V in [-1, 1].
-  const bool native = native_bf16_products(&ctx);
+  const bool native = native_products(&ctx, pl.dtype);
   const double scale = opts.scale.value_or(1.0 / std::sqrt(double(pl.D)));
   const double p_round = !native ? 0.0
                          : pl.dtype == DType::bf16

@@ -105,6 +105,15 @@ inline bool native_bf16_products(const Context* c) {
   return std::string(active_bf16_path(c)) != "f32";
 }
 
+// Whether a context's decoding steps over K/V of `kv` round P for native products: bf16 as
+// native_bf16_products says; int8 on the targets with a VNNI unit (avx512_vnni, avx512_bf16),
+// whose P V takes the weights rounded to int16.
+inline bool native_products(const Context* c, DType kv) {
+  if (kv != DType::i8) return native_bf16_products(c);
+  const Target t = active_target(c);
+  return t == Target::avx512_vnni || t == Target::avx512_bf16;
+}
+
 // A SIMD provider and a target cap: what a test runs the fast paths on.
 struct Backend {
   Simd simd;
@@ -136,9 +145,12 @@ inline std::vector<Backend> machine_backends() {
 // them (the avx512 entries then run the portable paths: the cap), plus `best` where it runs what
 // no cap names: bf16 tiles on AMX (active_bf16_path() "amx_bf16"). Highway's alone: the AMX units
 // are the native unit's, the same under either provider, and the rest of `best` is the
-// avx512_bf16 entries' (a sanitizer build's suite is long already).
+// avx512_bf16 entries' (a sanitizer build's suite is long already). The avx512_vnni unit under
+// xsimd alone: it is compiled with xsimd, and the rest of that target is the avx512 entries'.
 inline std::vector<Backend> native_and_machine_backends() {
   std::vector<Backend> bs = machine_backends();
+  if (machine_runs(Target::avx512_vnni))
+    bs.insert(bs.begin(), Backend{Simd::xsimd, Target::avx512_vnni});
   if (machine_runs(Target::avx512_bf16)) {
     bs.insert(bs.begin(), Backend{Simd::highway, Target::avx512_bf16});
     bs.insert(bs.begin() + 1, Backend{Simd::xsimd, Target::avx512_bf16});

@@ -267,20 +267,34 @@ struct AttentionOptions {
 };
 
 // Instruction sets the fast path can be capped to, named by capability. `best` means no cap.
-// x86-64, in order: scalar, sse4, avx2, avx512, avx512_bf16. avx512_bf16 is AVX-512 with the
-// AVX512-BF16 dot product (vdpbf16ps): f32 calls run the avx512 kernels there, calls with bf16 Q
-// and K/V run the native bf16 kernel. A cap of avx512 keeps AVX-512 but makes bf16 calls take the
-// portable path (convert to f32 while packing), so that path is testable on any CPU.
+// x86-64, in order: scalar, sse4, avx2, avx512, avx512_vnni, avx512_bf16. avx512_vnni is AVX-512
+// with the AVX512-VNNI integer dot products (Cascade Lake, Ice Lake and every later AVX-512 core):
+// the P V of int8-cache decoding runs on vpdpwssd there, everything else on the avx512 kernels.
+// avx512_bf16 adds the AVX512-BF16 dot product (vdpbf16ps): f32 calls run the avx512 kernels
+// there, calls with bf16 Q and K/V run the native bf16 kernel. A cap of avx512 keeps AVX-512 but
+// makes bf16 and int8 calls take the portable path (convert to f32), so that path is testable on
+// any CPU.
 // aarch64, in order: scalar, neon (Advanced SIMD, every ARMv8-A server core), sve (the Scalable
 // Vector Extension at the CPU's vector length: units exist for 128, 256 and 512 bits; a CPU with
-// another length runs neon). The ARM names come after `best` so that the values of the x86 names
-// stay.
+// another length runs neon). The names added after the first five come after `best` so that the
+// values of the earlier names stay.
 // A cap names a target of the architecture the library was built for (set_max_target throws
 // otherwise).
-enum class Target : std::uint8_t { scalar, sse4, avx2, avx512, avx512_bf16, best, neon, sve };
+enum class Target : std::uint8_t {
+  scalar,
+  sse4,
+  avx2,
+  avx512,
+  avx512_bf16,
+  best,
+  neon,
+  sve,
+  avx512_vnni
+};
 
 CPUATTN_API const char* target_name(Target target);
-// Parses "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "neon", "sve" or "best";
+// Parses "scalar", "sse4", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "neon", "sve" or
+// "best";
 // throws Error otherwise.
 CPUATTN_API Target parse_target(const std::string& name);
 

@@ -120,10 +120,12 @@ typedef enum cpuattn_target {
   CPUATTN_TARGET_AVX512_BF16 = 4,
   CPUATTN_TARGET_BEST = 5,
   CPUATTN_TARGET_NEON = 6,
-  CPUATTN_TARGET_SVE = 7
+  CPUATTN_TARGET_SVE = 7,
+  CPUATTN_TARGET_AVX512_VNNI = 8
 } cpuattn_target;
 
-/* "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best", "neon", "sve"; "unknown". */
+/* "scalar", "sse4", "avx2", "avx512", "avx512_bf16", "best", "neon", "sve", "avx512_vnni";
+ * "unknown". */
 CPUATTN_API const char* cpuattn_target_name(cpuattn_target target);
 
 /* Same values as cpuattn::Causal. */

@@ -140,14 +140,17 @@ void run_fast(const Problem* ps, std::size_t n, Context& ctx) {
   const PlanSet set = plan_set(ps, n, choice, c.plan_tweak.load(std::memory_order_relaxed), call);
   if (rec != nullptr) record_set(ps, set, *rec);
   const FlashKernels& portable = flash_kernels(choice);
+  // A plan names a native unit only where the call's target has it (choose_unit), and a target
+  // only where its unit is built (lib/CMakeLists.txt, dispatch.cpp).
+  const FlashKernels* native = &portable;
 #if CPUATTN_HAS_NATIVE_BF16_UNIT
-  const FlashKernels& native =
-      choice.target == Target::avx512_bf16 ? native_flash_kernels() : portable;
-#else
-  const FlashKernels& native = portable;  // no native unit is built here (lib/CMakeLists.txt)
+  if (choice.target == Target::avx512_bf16) native = &native_flash_kernels();
+#endif
+#if CPUATTN_HAS_NATIVE_VNNI_UNIT
+  if (choice.target == Target::avx512_vnni) native = &vnni_flash_kernels();
 #endif
   const auto kernels = [&](std::size_t i) -> const FlashKernels& {
-    return set.plans[i].path.unit == FlashUnit::avx512_bf16 ? native : portable;
+    return set.plans[i].path.unit != FlashUnit::portable ? *native : portable;
   };
   c.run([&] {
     tbb::parallel_for(

@@ -139,7 +139,7 @@ cpuattn::Target to_target(const cpuattn_target& t, const char* name) {
   const long long v = raw(t);
   if (v < 0 || v > static_cast<long long>(cpuattn::detail::kLastTarget)) {
     fail(std::string(name) + " " + std::to_string(v) +
-         " is not a cpuattn_target (CPUATTN_TARGET_SCALAR .. CPUATTN_TARGET_SVE)");
+         " is not a cpuattn_target (CPUATTN_TARGET_SCALAR .. CPUATTN_TARGET_AVX512_VNNI)");
   }
   return static_cast<cpuattn::Target>(v);
 }

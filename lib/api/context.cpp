@@ -15,8 +15,8 @@ namespace cpuattn {
 namespace {
 
 // The names of an enum's values, in order, and the parsing every name-taking option shares.
-constexpr const char* kTargetNames[] = {"scalar",      "sse4", "avx2", "avx512",
-                                        "avx512_bf16", "best", "neon", "sve"};
+constexpr const char* kTargetNames[] = {"scalar", "sse4", "avx2", "avx512",     "avx512_bf16",
+                                        "best",   "neon", "sve",  "avx512_vnni"};
 constexpr const char* kSimdNames[] = {"highway", "xsimd"};
 
 template <class E, std::size_t N>
@@ -41,7 +41,8 @@ const char* target_name(Target target) { return name_of(target, kTargetNames); }
 
 namespace {
 
-// "scalar, sse4, avx2, avx512, avx512_bf16 or best" on x86-64: the caps this build accepts.
+// "scalar, sse4, avx2, avx512, avx512_vnni, avx512_bf16 or best" on x86-64: the caps this build
+// accepts.
 std::string architecture_target_list() {
   std::string s;
   for (Target t : detail::architecture_targets()) s += std::string(target_name(t)) + ", ";

@@ -23,8 +23,8 @@ namespace cpuattn::detail {
 namespace {
 
 #if HWY_ARCH_X86
-constexpr Target kOrder[] = {Target::scalar, Target::sse4, Target::avx2, Target::avx512,
-                             Target::avx512_bf16};
+constexpr Target kOrder[] = {Target::scalar, Target::sse4,        Target::avx2,
+                             Target::avx512, Target::avx512_vnni, Target::avx512_bf16};
 #elif HWY_ARCH_ARM_A64
 // NEON is aarch64's baseline, so Highway builds no portable unit there: a scalar cap runs (and
 // reports) neon.
@@ -40,7 +40,8 @@ bool in_order(Target t) {
   return false;
 }
 
-// The Highway targets a name covers (avx512_bf16: AVX-512's, plus the native unit's CPU check).
+// The Highway targets a name covers (avx512_vnni and avx512_bf16: AVX-512's, plus the native
+// units' CPU checks).
 std::int64_t hwy_bits(Target t) {
   switch (t) {
     case Target::sse4:
@@ -79,14 +80,28 @@ bool cpu_vendor_is(const char (&vendor)[13]) {
 #endif
 }
 
+// Whether the CPU has AVX512-VNNI (CPUID leaf 7 subleaf 0, ECX bit 11).
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 11)) != 0;
+#else
+  return false;
+#endif
+}
+
+// Whether the avx512_vnni unit runs here: built (not in a build of the host's units on a CPU
+// without it, lib/CMakeLists.txt) and the CPU has AVX512-VNNI.
+bool native_vnni_unit_runs() { return CPUATTN_HAS_NATIVE_VNNI_UNIT && cpu_has_avx512_vnni(); }
+
 // Whether the avx512_bf16 unit runs here: built (not in a build of the host's units on a CPU
 // without it, lib/CMakeLists.txt) and the CPU has the extensions.
 bool native_bf16_unit_runs() {
 #if CPUATTN_HAS_NATIVE_BF16_UNIT && (defined(__x86_64__) || defined(__i386__))
+  // AVX512-VNNI too (the native unit's int8 P V uses it): every CPU with AVX512-BF16 so far has
+  // it (Cooper Lake, Sapphire Rapids, Zen 4).
+  if (!cpu_has_avx512_vnni()) return false;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  // AVX512-VNNI too (leaf 7 subleaf 0, ECX bit 11; the native unit's int8 P V uses it):
-  // every CPU with AVX512-BF16 so far has it (Cooper Lake, Sapphire Rapids, Zen 4).
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 11)) == 0) return false;
   if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
   return (eax & (1u << 5)) != 0;
 #else
@@ -216,12 +231,15 @@ Choice compute(Target cap, Simd provider) {
   for (Target t : kOrder) {
     if ((best & hwy_bits(t)) != 0) c.target = t;
   }
-  // The native bf16 kernel needs AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) and VNNI on top of
-  // the AVX-512 target Highway found, and a cap that admits it.
-  // Its bf16 products run where they are the faster ones, or where a cap names the target (how
-  // the tests run them on every CPU that has the extensions).
-  if (c.target == Target::avx512 && (cap == Target::avx512_bf16 || cap == Target::best) &&
-      native_bf16_unit_runs()) {
+  // The native units need VNNI (and the bf16 one AVX512-BF16, CPUID leaf 7 subleaf 1, EAX bit 5)
+  // on top of the AVX-512 target Highway found, and a cap that admits them.
+  const bool above_vnni = cap == Target::avx512_bf16 || cap == Target::best;
+  if (c.target == Target::avx512 && (cap == Target::avx512_vnni || above_vnni) &&
+      native_vnni_unit_runs())
+    c.target = Target::avx512_vnni;
+  // The bf16 unit's bf16 products run where they are the faster ones, or where a cap names the
+  // target (how the tests run them on every CPU that has the extensions).
+  if (c.target == Target::avx512_vnni && above_vnni && native_bf16_unit_runs()) {
     c.target = Target::avx512_bf16;
     c.bf16_dot = cap == Target::avx512_bf16 || bf16_dot_outpaces_fma();
     static const bool amx = amx_bf16_runs();

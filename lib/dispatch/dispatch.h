@@ -31,7 +31,7 @@
 namespace cpuattn::detail {
 
 // The last value of Target (the C API checks its integers against it).
-inline constexpr Target kLastTarget = Target::sve;
+inline constexpr Target kLastTarget = Target::avx512_vnni;
 
 // The targets of the architecture this library was built for, worst to best: what a cap may
 // name besides `best`, and the order in which a cap admits them.
@@ -91,6 +91,7 @@ const Table& pick(const Choice& c, const OpTables<Table>& t) {
   if (c.provider == Simd::xsimd) {
     switch (c.target) {
       case Target::avx512:
+      case Target::avx512_vnni:
       case Target::avx512_bf16:
         return *t.xsimd_avx512();
       case Target::avx2:

@@ -31,7 +31,8 @@ void bind_context(py::module_& m) {
           "max_target",
           [](const CtxHandle& c) { return std::string(cpuattn::target_name(c.max_target())); },
           [](CtxHandle& c, const std::string& t) { c.set_max_target(cpuattn::parse_target(t)); },
-          "Cap on the SIMD target: scalar, sse4, avx2, avx512, avx512_bf16 or best on x86-64; "
+          "Cap on the SIMD target: scalar, sse4, avx2, avx512, avx512_vnni, avx512_bf16 or best on "
+          "x86-64; "
           "scalar, neon, sve or best on aarch64")
       .def_property(
           "simd", [](const CtxHandle& c) { return std::string(cpuattn::simd_name(c.simd())); },

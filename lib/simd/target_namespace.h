@@ -32,6 +32,9 @@
 #if CPUATTN_XSIMD_ARCH == 512 && defined(CPUATTN_NATIVE_BF16_UNIT)
 // The native bf16 unit (kernels/flash/flash_bf16.cc): xsimd's AVX-512 plus AVX512-BF16 flags.
 #define CPUATTN_TARGET_NS avx512bf16
+#elif CPUATTN_XSIMD_ARCH == 512 && defined(CPUATTN_NATIVE_VNNI_UNIT)
+// The native VNNI unit (kernels/flash/flash_vnni.cc): xsimd's AVX-512 plus AVX512-VNNI flags.
+#define CPUATTN_TARGET_NS avx512vnni
 #elif CPUATTN_XSIMD_ARCH == 512
 #define CPUATTN_TARGET_NS xsimd_avx512
 #elif CPUATTN_XSIMD_ARCH == 256

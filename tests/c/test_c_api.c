@@ -196,6 +196,8 @@ static void test_version_and_names(void) {
   CHECK(strcmp(cpuattn_dtype_name((cpuattn_dtype)99), "unknown") == 0);
   CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_SCALAR), "scalar") == 0);
   CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_AVX512_BF16), "avx512_bf16") == 0);
+  CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_AVX512_VNNI), "avx512_vnni") == 0);
+  CHECK(strcmp(cpuattn_target_name((cpuattn_target)9), "unknown") == 0);
   CHECK(strcmp(cpuattn_target_name(CPUATTN_TARGET_BEST), "best") == 0);
   CHECK(strcmp(cpuattn_target_name((cpuattn_target)-3), "unknown") == 0);
   CHECK(cpuattn_last_error() != NULL);

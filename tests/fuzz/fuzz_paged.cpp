@@ -37,11 +37,14 @@ namespace {
 
 constexpr double kEps = std::numeric_limits<float>::epsilon();
 
-// Target caps scalar, sse4, avx2, avx512 and avx512_bf16 (the last runs bf16 pages on the native
-// kernel where the CPU has it).
-constexpr int kTargets = 5;
+// Target caps scalar, sse4, avx2, avx512, avx512_vnni and avx512_bf16 (the last two run int8
+// pages' decoding steps on a native VNNI unit where the CPU has it, the last bf16 pages on the
+// native bf16 kernel).
+constexpr Target kCaps[] = {Target::scalar, Target::sse4,        Target::avx2,
+                            Target::avx512, Target::avx512_vnni, Target::avx512_bf16};
+constexpr int kTargets = 6;
 Context* context(int target, int threads) {
-  return fuzz_context(Simd::highway, static_cast<Target>(target), threads);
+  return fuzz_context(Simd::highway, kCaps[target], threads);
 }
 
 void store(std::vector<unsigned char>& buf, DType dt, std::size_t i, float x) {
@@ -340,11 +343,15 @@ void check_sequence(PagedCase& c, std::int64_t b, const float* out, const double
 // max_j(127 vscale_j), which is at most 2^-8 max|v| with these scales in [0.5, 1] / 127 (vmax >=
 // max|code| 0.5 / 127, and the error scales with max|code| too).
 double native_error(const PagedCase& c) {
-  const bool native_unit = std::string(active_bf16_path(context(c.target, c.threads))) != "f32";
+  const Context* ctx = context(c.target, c.threads);
+  if (c.dt == DType::i8) {
+    const Target t = active_target(ctx);
+    return t == Target::avx512_vnni || t == Target::avx512_bf16 ? 0x1p-8 : 0.0;
+  }
+  const bool native_unit = std::string(active_bf16_path(ctx)) != "f32";
   if (!native_unit) return 0.0;
   const double scale = c.o.scale ? *c.o.scale : 1.0 / std::sqrt(double(c.D));
-  if (c.dt == DType::bf16) return 0x1p-8 + 0x1p-15 * double(c.D) * scale;
-  return c.dt == DType::i8 ? 0x1p-8 : 0.0;
+  return c.dt == DType::bf16 ? 0x1p-8 + 0x1p-15 * double(c.D) * scale : 0.0;
 }
 
 }  // namespace

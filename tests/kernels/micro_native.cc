@@ -111,7 +111,7 @@ void PvRuns(const detail::Problem& p, int rows, std::int64_t nk, float* pr, std:
   } else {
     Bf16Stream<Ops>::PvBlock(p, 0, 0, 0, nk, ncols, 0, rows, pr, p_stride, pb, acc, acc_stride, {});
   }
-  Bf16Stream<Ops>::UnpermuteAcc(acc, rows, acc_stride, p.Dv);
+  PairOrder<Ops>::UnpermuteAcc(acc, rows, acc_stride, p.Dv);
 }
 
 }  // namespace

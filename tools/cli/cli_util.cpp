@@ -158,17 +158,19 @@ CLI::Option* add_simd_option(CLI::App& cmd, std::string& simd) {
 }
 
 std::vector<std::string> target_cap_names() {
+  // Every Target but best, worst to best per architecture (the enum's values are not that order:
+  // names added later come after best).
+  constexpr Target kAll[] = {Target::scalar,      Target::sse4,        Target::avx2, Target::avx512,
+                             Target::avx512_vnni, Target::avx512_bf16, Target::neon, Target::sve};
   std::vector<std::string> names;
   Context probe(0);
-  for (int i = 0;; ++i) {
-    const auto t = static_cast<Target>(i);
-    if (std::string(target_name(t)) == "unknown") break;
+  for (Target t : kAll) {
     try {
       probe.set_max_target(t);
     } catch (const Error&) {
       continue;  // another architecture's target
     }
-    if (t != Target::best) names.emplace_back(target_name(t));
+    names.emplace_back(target_name(t));
   }
   names.emplace_back("best");
   return names;

@@ -172,11 +172,11 @@ Plan plan_tasks(const Problem& p, std::int64_t block_rows, std::int64_t block_ke
 // (Dv whole groups of 32) on the native P V runs; one row per K/V head keeps the f32 units (bound
 // by memory, the native ones were slower there). Tiled bf16 blocks run on AMX where the choice
 // has it (amx_tiles), else on vdpbf16ps.
-BlockPath tiled_block(const Problem& p, const Choice& choice, bool native, bool whole_pages,
+BlockPath tiled_block(const Problem& p, const Choice& choice, bool native_bf16, bool whole_pages,
                       const FlashKernels& fk) {
-  if (native && amx_tiles(choice, p.q.dtype, p.k.dtype, p.D))
+  if (native_bf16 && amx_tiles(choice, p.q.dtype, p.k.dtype, p.D))
     return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_amx, PvUnit::tile_amx};
-  if (native && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
+  if (native_bf16 && native_dot(p.q.dtype) == NativeDot::bf16_pairs &&
       native_dot(p.k.dtype) == NativeDot::bf16_pairs)
     return {QUnit::bf16, KvUnit::packed_bf16, ScoreUnit::tile_bf16, PvUnit::tile_bf16};
   const bool v_rows_whole =
@@ -208,12 +208,14 @@ int runs_ahead_within(const Problem& p, std::int64_t block_keys) {
   return static_cast<int>(std::clamp<std::int64_t>(left / lines(p.D, p.k.dtype), 0, kMaxRunsAhead));
 }
 
-BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bool few,
+BlockPath streamed_block(const Problem& p, const Choice& choice, FlashUnit unit, bool few,
                          bool whole_pages, const FlashKernels& fk) {
   const std::int64_t lanes = fk.lanes;
-  // bf16 products on vdpbf16ps only where the choice takes them (the native unit runs for AMX's
-  // tiles without them: the streamed blocks of such a problem then keep the f32 units).
-  const bool native_bf16 = native && few && choice.bf16_dot;
+  // Both native units have the VNNI P V; bf16 products on vdpbf16ps only on the bf16 unit where
+  // the choice takes them (that unit runs for AMX's tiles without them: the streamed blocks of
+  // such a problem then keep the f32 units).
+  const bool native = unit != FlashUnit::portable;
+  const bool native_bf16 = unit == FlashUnit::avx512_bf16 && few && choice.bf16_dot;
   BlockPath b;
   b.q =
       native_bf16 && native_dot(p.k.dtype) == NativeDot::bf16_pairs ? QUnit::f32_hilo : QUnit::f32;
@@ -246,13 +248,13 @@ BlockPath streamed_block(const Problem& p, const Choice& choice, bool native, bo
 
 BlockPath choose_block(const Problem& p, const Choice& choice, FlashUnit unit, BlockKind kind,
                        const FlashKernels& fk) {
-  const bool native = unit == FlashUnit::avx512_bf16;
   // Blocks start at multiples of block_keys, so with pages of a multiple of it (both powers of
   // two) every block lies in one page and reads as contiguous K/V does.
   const bool whole_pages =
       p.pages == nullptr || (std::int64_t{1} << p.page_shift) % fk.block_keys == 0;
-  if (kind == BlockKind::tiled) return tiled_block(p, choice, native, whole_pages, fk);
-  return streamed_block(p, choice, native, kind == BlockKind::stream_few, whole_pages, fk);
+  if (kind == BlockKind::tiled)
+    return tiled_block(p, choice, unit == FlashUnit::avx512_bf16, whole_pages, fk);
+  return streamed_block(p, choice, unit, kind == BlockKind::stream_few, whole_pages, fk);
 }
 
 // Which kinds of query block the plan's tasks meet: blocks differ by their positions (the last
@@ -283,17 +285,22 @@ bool amx_tiles(const Choice& choice, DType q, DType kv, std::int64_t D) {
 }
 
 FlashUnit choose_unit(const Choice& choice, DType q, DType kv, std::int64_t rows, std::int64_t D) {
+  const bool few_rows = rows >= 2 && rows <= kStreamRows;
+  // Decoding steps of 2..kStreamRows rows per K/V head over int8 K/V (any Q): the VNNI P V,
+  // on whichever native unit the target has.
+  if (choice.target == Target::avx512_vnni)
+    return native_dot(kv) == NativeDot::int16_pairs && few_rows ? FlashUnit::avx512_vnni
+                                                                : FlashUnit::portable;
   if (choice.target != Target::avx512_bf16) return FlashUnit::portable;
-  // Q, K and V bf16: the native tiles, on AMX where the choice has it. Decoding steps of
-  // 2..kStreamRows rows per K/V head over bf16 or int8 K/V (any Q): the native streamed units.
-  // bf16 K/V only where the choice takes vdpbf16ps (Choice::bf16_dot); int8's VNNI P V wherever
-  // the target runs.
+  // Q, K and V bf16: the native tiles, on AMX where the choice has it. Decoding steps over bf16
+  // K/V (any Q): the native streamed units, only where the choice takes vdpbf16ps
+  // (Choice::bf16_dot); int8's VNNI P V wherever the target runs.
   if (amx_tiles(choice, q, kv, D) && rows > kStreamRows) return FlashUnit::avx512_bf16;
   const NativeDot k_dot = native_dot(kv);
   if (k_dot == NativeDot::bf16_pairs && !choice.bf16_dot) return FlashUnit::portable;
   if (native_dot(q) == NativeDot::bf16_pairs && k_dot == NativeDot::bf16_pairs)
     return FlashUnit::avx512_bf16;
-  if (k_dot != NativeDot::none && rows >= 2 && rows <= kStreamRows) return FlashUnit::avx512_bf16;
+  if (k_dot != NativeDot::none && few_rows) return FlashUnit::avx512_bf16;
   return FlashUnit::portable;
 }
 
@@ -336,7 +343,8 @@ std::string path_name(const FlashPath& path) {
   static constexpr const char* kPv[] = {"tile_f32",  "tile_bf16", "runs",
                                         "runs_bf16", "runs_vnni", "tile_amx"};
   static constexpr const char* kOut[] = {"f32", "f32_stream", "narrow", "partials"};
-  std::string s = path.unit == FlashUnit::avx512_bf16 ? "avx512_bf16:" : "portable:";
+  static constexpr const char* kUnit[] = {"portable:", "avx512_bf16:", "avx512_vnni:"};
+  std::string s = kUnit[static_cast<int>(path.unit)];
   bool first = true;
   for (int k = 0; k < kBlockKinds; ++k) {
     if (((path.kinds >> k) & 1) == 0) continue;

@@ -28,8 +28,13 @@ inline constexpr std::int64_t kStreamRows = 8;
 inline constexpr int kMaxRunsAhead = 8;
 
 // Which compiled task function runs the problem: the portable one of the call's provider and
-// target, or the native unit (flash_bf16.cc: AVX-512 with AVX512-BF16 and VNNI).
-enum class FlashUnit : std::uint8_t { portable, avx512_bf16 };
+// target, or a native unit (flash_bf16.cc: AVX-512 with AVX512-BF16 and VNNI; flash_vnni.cc:
+// AVX-512 with VNNI, its int8 P V only).
+enum class FlashUnit : std::uint8_t { portable, avx512_bf16, avx512_vnni };
+// What a compiled unit runs besides the portable units: the bf16 products (tiles, streams, AMX)
+// and the VNNI P V of int8 decoding (driver-inl.h discards the branches of what it lacks).
+constexpr bool has_bf16_units(FlashUnit u) { return u == FlashUnit::avx512_bf16; }
+constexpr bool has_vnni_units(FlashUnit u) { return u != FlashUnit::portable; }
 
 // A query block is one of three kinds, by its rows per K/V head and whether its task keeps K/V
 // packed for several query blocks (block_kind()); each kind has its own units (BlockPath).
@@ -117,7 +122,7 @@ struct BlockPath {
            score == ScoreUnit::tile_amx;
   }
   // The accumulators are in the column order of the native P V runs until the output
-  // (UnpermuteAcc).
+  // (x86/pair_order-inl.h).
   CPUATTN_ALWAYS_INLINE bool permuted() const {
     return pv == PvUnit::runs_bf16 || pv == PvUnit::runs_vnni;
   }

@@ -2,8 +2,9 @@
 // query blocks and, for each, its key blocks, and calls the units the plan chose for the block's
 // kind (config.h): Q packing, K/V loading, scores (+ masks), online softmax, P V, and the output
 // epilogue. It decides nothing about which unit runs: that is plan_flash's. Written once against
-// the vector contract (simd/contract.h) for any provider `O`; kNative: this is the avx512_bf16
-// unit (flash_bf16.cc), the only one that compiles the native units (x86/).
+// the vector contract (simd/contract.h) for any provider `O`; kUnit: the unit being compiled
+// (FlashUnit): the native ones (flash_bf16.cc, flash_vnni.cc) compile the native units (x86/) they
+// have (has_bf16_units, has_vnni_units), and every branch to the others is discarded.
 #if defined(CPUATTN_KERNELS_FLASH_DRIVER_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_FLASH_DRIVER_INL_H_
 #undef CPUATTN_KERNELS_FLASH_DRIVER_INL_H_
@@ -37,7 +38,7 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
-// The native units (x86/), defined only in the avx512_bf16 unit.
+// The native units (x86/), defined only in the native units that have them.
 template <class O>
 struct Bf16Tile;
 template <class O>
@@ -46,6 +47,8 @@ template <class O>
 struct VnniI8;
 template <class O>
 struct Bf16Amx;
+template <class O>
+struct PairOrder;
 
 // What task t covers: batch b, K/V heads [hk, hk + nhk), query heads [h0, h0 + nh) (with several
 // K/V heads, their groups head-major), query blocks [qb0, qb1), keys [k0, k1) of split ks.
@@ -218,7 +221,7 @@ CPUATTN_ALWAYS_INLINE QueryBlock QueryBlockOf(const detail::Problem& p, const de
 // QUnit: the block's query rows into Qp, or where the tiles read them in place (one head per
 // block: row r is position pos0 + r); sets q.qrows and q.qs, and q.k_lo where the rows were
 // multiplied by 2^120 for an fp8 K read as Fp8E4M3Lo.
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoords& tc,
                                        QueryBlock& q, const TaskBuffers& tb) {
   q.qrows = tb.qp;
@@ -231,14 +234,14 @@ CPUATTN_ALWAYS_INLINE void PackQueries(const detail::Problem& p, const TaskCoord
     return;
   }
   if (q.path.q == detail::QUnit::bf16) {
-    if constexpr (kNative)
+    if constexpr (detail::has_bf16_units(kUnit))
       Bf16Tile<O>::PackQ(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, (p.D + 1) / 2,
                          reinterpret_cast<std::uint16_t*>(tb.qp));
     return;
   }
   const float qscale = detail::log2_scale(p);
   PackQ<O>(p, tc.b, tc.h0, tc.nh, q.pos0, q.rows, qscale, tb.qs, tb.qp);
-  if constexpr (kNative) {
+  if constexpr (detail::has_bf16_units(kUnit)) {
     if (q.path.q == detail::QUnit::f32_hilo) Bf16Stream<O>::SplitQRows(tb.qp, q.rows, tb.qs, p.D);
   }
   q.k_lo = PrescaleQForFp8K<O>(p, q.path, tb.qp, q.rows, tb.qs);
@@ -278,7 +281,7 @@ struct KeyBlock {
 // KvUnit: the block's geometry, and for the packed units the block packed (once per task when
 // the task keeps them) after asking for the rows two blocks ahead, so that their misses overlap
 // this block's work. Streamed blocks prefetch their own rows as they read them (stream_dot-inl.h).
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
                       const Geometry<O>& g, std::int64_t kb0, TaskBuffers& tb) {
   KeyBlock kb;
@@ -299,7 +302,7 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
   if (kb0 + 2 * g.Nk < tc.k1)
     PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * g.Nk, std::min(g.Nk, tc.k1 - kb0 - 2 * g.Nk));
   if (q.path.kv == detail::KvUnit::packed_bf16) {
-    if constexpr (kNative) {
+    if constexpr (detail::has_bf16_units(kUnit)) {
       Bf16Tile<O>::PackK(p, tc.b, tc.hk, kb0, kb.nk, reinterpret_cast<std::uint32_t*>(kb.kp));
       Bf16Tile<O>::PackV(p, g.DvP, tc.b, tc.hk, kb0, kb.nk,
                          reinterpret_cast<std::uint32_t*>(kb.vp));
@@ -351,7 +354,7 @@ struct HeadRows {
 // ScoreUnit: S rows [hr.lo, hr.hi) of the key block. Tiles mask in their epilogue; streamed
 // rows are masked in a pass over S, skipped for a row with no mask tensor that sees every column
 // (decoding's usual case).
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
                 const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi,
                 TaskBuffers& tb, detail::PhaseClock& clock) {
@@ -367,7 +370,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       clock.lap(Phase::scores);
       return;
     case ScoreUnit::tile_bf16:
-      if constexpr (kNative)
+      if constexpr (detail::has_bf16_units(kUnit))
         Bf16Tile<O>::ScoreBlock(
             n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * ((p.D + 1) / 2),
             (p.D + 1) / 2, (p.D + 1) / 2, reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols,
@@ -378,7 +381,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
     case ScoreUnit::tile_amx:
       // Raw dot products, scaled, then masked in a pass over S as the streamed units' are, where
       // the block has row masks (RunKeyBlocks sets them for a tiled block that is not clean).
-      if constexpr (kNative) {
+      if constexpr (detail::has_bf16_units(kUnit)) {
         const std::int64_t qs2 = (p.D + 1) / 2;
         Bf16Amx<O>::Scores(n, reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2, qs2, qs2,
                            reinterpret_cast<const std::uint32_t*>(kb.kp), kb.ncols, s, g.Nk,
@@ -398,7 +401,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
       const bool k_asked =
           q.path.k_ahead && !q.path.scores_k_ahead && (kb.kb0 > q.kb_first || hr.j > 0);
       if (hilo) {
-        if constexpr (kNative)
+        if constexpr (detail::has_bf16_units(kUnit))
           ScoreBlockDot<O, true>(p, tc.b, hr.head, kb.kb0, kb.nk_live, tc.k1, n, qp, q.qs, s, g.Nk,
                                  false, k_asked, q.path.v_ahead_l2);
       } else {
@@ -409,7 +412,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
     }
     case ScoreUnit::dot_runs:
       if (hilo) {
-        if constexpr (kNative)
+        if constexpr (detail::has_bf16_units(kUnit))
           ScoreBlockRuns<O, true>(p, tc.b, tc.hk, tc.nhk, hr.j, kb.kb0, kb.nk_live, g.Nk, tc.k1, n,
                                   qp, q.qs, s, g.Nk, q.path.runs_ahead);
       } else {
@@ -433,7 +436,7 @@ void ScoreBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock
 // to Bf16Tile's probability tiles, ProbBlockFrom). The block's sums wait on the stack
 // until every tile has passed. False if the block must take the two passes (ScoreBlock,
 // SoftmaxRows), which then overwrite S and Pb.
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>& g,
                const KeyBlock& kb, const HeadRows& hr, const MaskInfo& mi, bool exact_pv,
                TaskBuffers& tb) {
@@ -454,7 +457,7 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
   if (f32) {
     ok = ProbBlockTiles<O>(n, q.qrows + hr.lo * q.qs, q.qs, g.D, kb.kp, kb.ncols, tb.m + hr.lo,
                            first, tb.s + hr.lo * g.Nk, g.Nk, lsum, N, [&] { tb.ahead.Drip(p); });
-  } else if constexpr (kNative) {
+  } else if constexpr (detail::has_bf16_units(kUnit)) {
     const std::int64_t qs2 = (p.D + 1) / 2;
     const auto* qb = reinterpret_cast<const std::uint32_t*>(tb.qp) + hr.lo * qs2;
     const auto* kp = reinterpret_cast<const std::uint32_t*>(kb.kp);
@@ -484,12 +487,12 @@ bool LazyProbs(const detail::Problem& p, const QueryBlock& q, const Geometry<O>&
 // The online softmax of rows [hr.lo, hr.hi) over the key block. The native bf16 P V tiles take
 // the probabilities rounded to bf16 (Pb) straight from it; every other unit, and P V that skips
 // the keys of weight 0, reads them in S.
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g,
                                        const KeyBlock& kb, const HeadRows& hr, bool exact_pv,
                                        TaskBuffers& tb) {
   constexpr int N = O::kLanes;
-  if constexpr (kNative) {
+  if constexpr (detail::has_bf16_units(kUnit)) {
     if ((q.path.pv == detail::PvUnit::tile_bf16 || q.path.pv == detail::PvUnit::tile_amx) &&
         !exact_pv) {
       for (int r = hr.lo; r < hr.hi; ++r)
@@ -507,7 +510,7 @@ CPUATTN_ALWAYS_INLINE void SoftmaxRows(const QueryBlock& q, const Geometry<O>& g
 // streamed units prefetch the K rows the scores read next as they go (KeyAheadOf). With `out`
 // (BlockPath::out_in_pv, the query block's last key block), the f32 tiles write the rows'
 // outputs too.
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
              const Geometry<O>& g, const KeyBlock& kb, const HeadRows& hr, TaskBuffers& tb,
              const PvOut* out) {
@@ -535,13 +538,13 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
       return;
     }
     case PvUnit::tile_bf16:
-      if constexpr (kNative)
+      if constexpr (detail::has_bf16_units(kUnit))
         Bf16Tile<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
                              reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
                              acc + hr.lo * g.DvP, g.DvP, [&] { tb.ahead.Drip(p); });
       return;
     case PvUnit::tile_amx:
-      if constexpr (kNative)
+      if constexpr (detail::has_bf16_units(kUnit))
         Bf16Amx<O>::PvBlock(hr.hi - hr.lo, tb.pb + hr.lo * g.Nk, g.Nk,
                             reinterpret_cast<const std::uint32_t*>(kb.vp), kb.nk, kb.nk_live,
                             acc + hr.lo * g.DvP, g.DvP, [&] { tb.ahead.Drip(p); });
@@ -558,12 +561,12 @@ void PvBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q
       return;
     }
     case PvUnit::runs_bf16:
-      if constexpr (kNative)
+      if constexpr (detail::has_bf16_units(kUnit))
         Bf16Stream<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, kb.ncols, hr.lo, hr.hi, tb.s,
                                g.Nk, tb.pb, acc, g.DvP, ahead);
       return;
     case PvUnit::runs_vnni:
-      if constexpr (kNative)
+      if constexpr (detail::has_vnni_units(kUnit))
         VnniI8<O>::PvBlock(p, tc.b, hr.head, kb.kb0, kb.nk_live, hr.lo, hr.hi, tb.s, g.Nk, tb.pb,
                            acc, g.DvP, ahead);
       return;
@@ -597,7 +600,7 @@ PvOut SetOutRows(const detail::Problem& p, const TaskCoords& tc, const QueryBloc
 // same block, so each page's [Hkv, P, D] is read front to back and a head's V rows are used while
 // the prefetch has them in L2. True if the last key block's P V wrote the rows' outputs
 // (BlockPath::out_in_pv, not with exact_pv; `out` is the call's output unit).
-template <class O, bool kNative>
+template <class O, detail::FlashUnit kUnit>
 bool RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
                   const Geometry<O>& g, const MaskInfo& mi, TaskBuffers& tb, detail::OutUnit out,
                   bool exact_pv, detail::PhaseClock& clock) {
@@ -610,7 +613,7 @@ bool RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
   const bool tiled = q.path.tiled();
   bool written = false;
   for (std::int64_t kb0 = q.kb_first; kb0 < q.end_hi; kb0 += g.Nk) {
-    const KeyBlock kb = LoadKeyBlock<O, kNative>(p, tc, q, g, kb0, tb);
+    const KeyBlock kb = LoadKeyBlock<O, kUnit>(p, tc, q, g, kb0, tb);
     clock.lap(Phase::pack_kv);
     // Tiles read the row masks only in masked panels and for soft-cap or ALiBi: a prefill's
     // blocks below the diagonal skip them (docs/performance.md#dm-row-masks-skipped).
@@ -619,13 +622,13 @@ bool RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
     for (std::int64_t j = 0; j < tc.nhk; ++j) {
       const HeadRows hr{j, tc.hk + j, static_cast<int>(j) * q.head_rows,
                         static_cast<int>(j + 1) * q.head_rows};
-      if (LazyProbs<O, kNative>(p, q, g, kb, hr, mi, exact_pv, tb)) {
+      if (LazyProbs<O, kUnit>(p, q, g, kb, hr, mi, exact_pv, tb)) {
         clock.lap(Phase::scores);
         tb.ahead.Next(p);
       } else {
-        ScoreBlock<O, kNative>(p, tc, q, g, kb, hr, mi, tb, clock);
+        ScoreBlock<O, kUnit>(p, tc, q, g, kb, hr, mi, tb, clock);
         tb.ahead.Next(p);
-        SoftmaxRows<O, kNative>(q, g, kb, hr, exact_pv, tb);
+        SoftmaxRows<O, kUnit>(q, g, kb, hr, exact_pv, tb);
       }
       clock.lap(Phase::softmax);
       if (exact_pv) {
@@ -633,17 +636,17 @@ bool RunKeyBlocks(const detail::Problem& p, const TaskCoords& tc, const QueryBlo
                       tb.acc + hr.lo * g.DvP, g.DvP);
       } else if (q.path.out_in_pv && kb0 + g.Nk >= q.end_hi) {
         const PvOut rows_out = SetOutRows<O>(p, tc, q, hr, out, tb);
-        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb, &rows_out);
+        PvBlock<O, kUnit>(p, tc, q, g, kb, hr, tb, &rows_out);
         written = true;
       } else {
-        PvBlock<O, kNative>(p, tc, q, g, kb, hr, tb, nullptr);
+        PvBlock<O, kUnit>(p, tc, q, g, kb, hr, tb, nullptr);
       }
       tb.ahead.Next(p);
       clock.lap(Phase::pv);
     }
   }
-  if constexpr (kNative) {
-    if (q.path.permuted() && !exact_pv) Bf16Stream<O>::UnpermuteAcc(tb.acc, q.rows, g.DvP, g.Dv);
+  if constexpr (detail::has_vnni_units(kUnit)) {
+    if (q.path.permuted() && !exact_pv) PairOrder<O>::UnpermuteAcc(tb.acc, q.rows, g.DvP, g.Dv);
   }
   return written;
 }
@@ -718,7 +721,7 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
 
 // Runs task t of the plan (see TaskCoords). With a log (profiling on) the time is split into
 // phases at every step of every key block; without one each step's check is a predicted branch.
-template <class O, bool kNative = false>
+template <class O, detail::FlashUnit kUnit = detail::FlashUnit::portable>
 void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
              detail::Scratch& scratch, detail::ThreadLog* log) {
   static_assert(simd::VectorOps<O>);
@@ -729,13 +732,13 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   const MaskInfo mi = MaskInfoOf(p);
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
     QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
-    PackQueries<O, kNative>(p, tc, q, tb);
+    PackQueries<O, kUnit>(p, tc, q, tb);
     tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     clock.lap(Phase::pack_q);
     SetRowSlopes(p, tc, q, mi, tb.rm);
-    bool written = RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, pl.path.out, false, clock);
+    bool written = RunKeyBlocks<O, kUnit>(p, tc, q, g, mi, tb, pl.path.out, false, clock);
     if (!AccFinite<O>(tb.acc, q.rows * g.DvP))
-      written = RunKeyBlocks<O, kNative>(p, tc, q, g, mi, tb, pl.path.out, true, clock);
+      written = RunKeyBlocks<O, kUnit>(p, tc, q, g, mi, tb, pl.path.out, true, clock);
     tb.ahead.Rest(p);
     WriteQueryBlock<O>(p, pl, tc, q, g, tb, written);
     clock.lap(Phase::output);

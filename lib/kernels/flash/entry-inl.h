@@ -16,7 +16,7 @@ CPUATTN_NAMESPACE_BEGIN
 
 void RunFlashTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                   detail::Scratch& scratch, detail::ThreadLog* log) {
-  RunTask<Ops, CPUATTN_FLASH_NATIVE>(p, pl, t, scratch, log);
+  RunTask<Ops, CPUATTN_FLASH_UNIT>(p, pl, t, scratch, log);
 }
 
 void MergeFlashRows(const detail::Problem& p, const detail::Plan& pl, std::int64_t row0,

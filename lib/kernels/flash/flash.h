@@ -9,9 +9,10 @@
 //   merge
 //                   -inl.h: the portable units, written against the vector contract
 //   x86/            the native units of the avx512_bf16 unit (bf16 tiles and streams, int8 VNNI)
+//                   and of the avx512_vnni unit (int8 VNNI)
 //   entry-inl.h     the per-target table (FlashKernels) of one provider
 //   flash_hwy.cc    compiled per Highway target; flash_xsimd.cc per xsimd architecture;
-//   flash_bf16.cc   the avx512_bf16 unit
+//   flash_bf16.cc   the avx512_bf16 unit; flash_vnni.cc the avx512_vnni unit
 #pragma once
 
 #include <cstdint>
@@ -40,8 +41,10 @@ struct FlashKernels {
 // The portable unit's table for a choice.
 const FlashKernels& flash_kernels(const Choice& choice);
 // The avx512_bf16 unit's table (flash_bf16.cc, built where CPUATTN_HAS_NATIVE_BF16_UNIT), for
-// plans that chose FlashUnit::avx512_bf16.
+// plans that chose FlashUnit::avx512_bf16; the avx512_vnni unit's (flash_vnni.cc, built where
+// CPUATTN_HAS_NATIVE_VNNI_UNIT), for FlashUnit::avx512_vnni.
 const FlashKernels& native_flash_kernels();
+const FlashKernels& vnni_flash_kernels();
 
 }  // namespace cpuattn::detail
 

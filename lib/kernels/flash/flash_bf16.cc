@@ -8,8 +8,9 @@
 #include "kernels/flash/x86/amx_tile-inl.h"
 #include "kernels/flash/x86/bf16_stream-inl.h"
 #include "kernels/flash/x86/bf16_tile-inl.h"
+#include "kernels/flash/x86/pair_order-inl.h"
 #include "kernels/flash/x86/vnni_i8-inl.h"
-#define CPUATTN_FLASH_NATIVE true
+#define CPUATTN_FLASH_UNIT detail::FlashUnit::avx512_bf16
 #include "kernels/flash/entry-inl.h"
 
 namespace cpuattn::detail {

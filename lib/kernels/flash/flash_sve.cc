@@ -3,5 +3,5 @@
 
 #include "simd/hwy_ops-inl.h"
 // Separate line: the kernels are instantiated with this unit's provider.
-#define CPUATTN_FLASH_NATIVE false
+#define CPUATTN_FLASH_UNIT detail::FlashUnit::portable
 #include "kernels/flash/entry-inl.h"

@@ -31,6 +31,7 @@
 #include "kernels/flash/pv-inl.h"
 #include "kernels/flash/stream_dot-inl.h"
 #include "kernels/flash/x86/bf16_tile-inl.h"
+#include "kernels/flash/x86/pair_order-inl.h"
 #include "simd/target_namespace.h"
 #include "simd/x86/x86-inl.h"
 
@@ -158,13 +159,13 @@ struct Bf16Stream {
   // pairs of keys, so two V rows are interleaved in registers, 32 columns at a time
   // (vpunpcklwd / vpunpckhwd): the "lo" vector holds columns 8i + {0..3} of 128-bit lane i, the
   // "hi" vector 8i + {4..7}. The accumulators keep that order for the whole query block (the
-  // online softmax only scales them) and UnpermuteAcc restores it once before the output. Per
-  // 32 columns and two keys: two loads, two shuffles and R instructions, where the f32 path
-  // widens four vectors and runs 4R FMAs (docs/performance.md#dm-native-pv-runs). Pb is the rows' P
-  // rounded to bf16 (RoundRow), row stride pbs.
-  // Keys t and t + 1 of a run (kPair), or key t alone with a zero row and a zero probability (a
-  // run's odd last key), into acc. A pair's two bf16 weights are adjacent in Pb: one 32-bit
-  // broadcast from memory, where assembling them in a register cost five operations per row.
+  // online softmax only scales them) and PairOrder::UnpermuteAcc (x86/pair_order-inl.h) restores it
+  // once before the output. Per 32 columns and two keys: two loads, two shuffles and R
+  // instructions, where the f32 path widens four vectors and runs 4R FMAs
+  // (docs/performance.md#dm-native-pv-runs). Pb is the rows' P rounded to bf16 (RoundRow), row
+  // stride pbs. Keys t and t + 1 of a run (kPair), or key t alone with a zero row and a zero
+  // probability (a run's odd last key), into acc. A pair's two bf16 weights are adjacent in Pb: one
+  // 32-bit broadcast from memory, where assembling them in a register cost five operations per row.
   template <int R, int G, bool kPair>
   static CPUATTN_ALWAYS_INLINE void PvRunsStep(const std::uint16_t* CPUATTN_RESTRICT p,
                                                std::int64_t pbs,
@@ -243,27 +244,11 @@ struct Bf16Stream {
     }
   }
 
-  // The natural column order of rows accumulated by PvRuns (n columns, whole groups of 32).
-  static void UnpermuteAcc(float* acc, int rows, std::int64_t stride, std::int64_t n) {
-    // Natural column c of a group: lo lane 4 (c / 8) + c % 8 when c % 8 < 4, else hi lane
-    // 4 (c / 8) + c % 8 - 4 (index + 16 in vpermt2ps).
-    alignas(64) std::int32_t idx[32];
-    for (int c = 0; c < 32; ++c) idx[c] = 4 * (c / 8) + c % 4 + (c % 8 < 4 ? 0 : 16);
-    const __m512i i0 = _mm512_load_si512(idx), i1 = _mm512_load_si512(idx + 16);
-    for (int r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < n; c += 32) {
-        float* a = acc + r * stride + c;
-        const __m512 lo = _mm512_load_ps(a), hi = _mm512_load_ps(a + N);
-        _mm512_store_ps(a, _mm512_permutex2var_ps(lo, i0, hi));
-        _mm512_store_ps(a + N, _mm512_permutex2var_ps(lo, i1, hi));
-      }
-  }
-
   // PvUnit::runs_bf16 for rows [r_lo, r_hi) of K/V head hk: Pb rows = P rows (s_stride apart,
   // ncols whole panels) rounded to bf16, then Acc += Pb . V over keys [0, nk_live) of the block
   // at kb0 in steps of kStreamKeys keys, each step's runs in one call per 64 columns (Dv is whole
   // groups of 32), and a share of the K rows read next (`ahead`) prefetched per step. The
-  // accumulators stay in PvRuns's column order (UnpermuteAcc).
+  // accumulators stay in PvRuns's column order (PairOrder::UnpermuteAcc).
   static void PvBlock(const detail::Problem& p, std::int64_t b, std::int64_t hk, std::int64_t kb0,
                       std::int64_t nk_live, std::int64_t ncols, int r_lo, int r_hi, const float* s,
                       std::int64_t s_stride, std::uint16_t* pb, float* acc, std::int64_t dvp,

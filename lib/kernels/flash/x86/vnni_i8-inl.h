@@ -1,6 +1,7 @@
 // The native unit PvUnit::runs_vnni: P V of streamed blocks (decoding steps of 2..kStreamRows
 // rows per K/V head) with int8 V on AVX512-VNNI (vpdpwssd), in the column order of the bf16 runs
-// (Bf16Stream::UnpermuteAcc restores it). Compiled only in the avx512_bf16 unit (flash_bf16.cc).
+// (PairOrder::UnpermuteAcc restores it). Compiled only in the native units (flash_bf16.cc,
+// flash_vnni.cc): AVX-512 with VNNI.
 #if defined(CPUATTN_KERNELS_FLASH_X86_VNNI_I8_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CPUATTN_KERNELS_FLASH_X86_VNNI_I8_INL_H_
 #undef CPUATTN_KERNELS_FLASH_X86_VNNI_I8_INL_H_
@@ -18,11 +19,12 @@
 #include "core/problem.h"
 #include "kernels/flash/config.h"
 #include "kernels/flash/pv-inl.h"
+#include "kernels/flash/x86/pair_order-inl.h"
 #include "simd/target_namespace.h"
 
 CPUATTN_NAMESPACE_BEGIN
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512VNNI__)
 
 template <class O>
 struct VnniI8 {
@@ -33,7 +35,7 @@ struct VnniI8 {
   // p_j vscale_j (the scale joined P after the softmax sum), are quantized to int16 wi_j =
   // round(w_j / f), f = max_j |w_j| / 32767, so that P V = f sum_j wi_j v_j runs on vpdpwssd:
   // exact int32 sums of int16 pairs (two keys per lane; V sign-extended to int16 and two rows
-  // interleaved as PvRunsTile does with bf16, so the same column order and UnpermuteAcc apply).
+  // interleaved as PvRunsTile does with bf16, so the same column order and PairOrder apply).
   // Error: |w_j - f wi_j| <= f / 2 < 2^-16 max w, so out moves by at most Nk 2^-16 max|v| for
   // a block of Nk keys (the sum over blocks of their largest p is at most l), 2^-9 max|v| at
   // Nk 128 (docs/precision.md). Per two keys and 64 columns at four rows: 4 widening loads, 4
@@ -124,7 +126,7 @@ struct VnniI8 {
 
   // One row's P V in f32, weight times widened V as the f32 path computes it, for a row whose
   // weights are not all finite: its infinities and NaNs come out column by column as there. It
-  // adds into the accumulators in PvRuns's column order (see UnpermuteAcc).
+  // adds into the accumulators in PvRuns's column order (see x86/pair_order-inl.h).
   static void PvRunsI8Exact(const float* s, const VRun<std::int8_t>* runs, int nruns,
                             std::int64_t Dv, std::int64_t v_stride, float* acc) {
     for (int i = 0; i < nruns; ++i)
@@ -199,7 +201,7 @@ struct VnniI8 {
   }
 };
 
-#endif  // __AVX512BF16__
+#endif  // __AVX512VNNI__
 
 CPUATTN_NAMESPACE_END
 
