@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "core/problem.h"
@@ -67,6 +68,51 @@ struct VnniI8 {
     return finite ? wmax / 32767.0f : 0.0f;
   }
 
+  // acc += the pairs' products, the accumulator updated in its own register. Through the
+  // intrinsic GCC 12 copied each of a tile's accumulators out and back every step and spilled
+  // some (vpdpwssd has one form, its accumulator tied; an FMA has three), so the step took twice
+  // its instructions.
+  static CPUATTN_ALWAYS_INLINE void DpwssdInPlace(__m512i& acc, __m512i w, __m512i v) {
+#if defined(__GNUC__) && !defined(__clang__)
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(v));
+#else
+    acc = _mm512_dpwssd_epi32(acc, w, v);
+#endif
+  }
+
+  // Keys t and t + 1 (kPair; else key t with a zero row, whose weight is not read) of V rows
+  // from v into acc[r][0..2G): V widened to int16 and the two rows interleaved, each row's two
+  // weights one 32-bit broadcast from memory (wi of consecutive keys are adjacent).
+  template <int R, int G, bool kPair>
+  static CPUATTN_ALWAYS_INLINE void PairStep(const std::int8_t* CPUATTN_RESTRICT v,
+                                             std::int64_t v_stride,
+                                             const std::int16_t* CPUATTN_RESTRICT p,
+                                             std::int64_t ws, __m512i (&acc)[R][2 * G]) {
+    __m512i vv[2 * G];
+    CPUATTN_UNROLL(2)
+    for (int g = 0; g < G; ++g) {
+      const __m512i a =
+          _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * g)));
+      const __m512i b = kPair ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                    reinterpret_cast<const __m256i*>(v + v_stride + 32 * g)))
+                              : _mm512_setzero_si512();
+      vv[2 * g] = _mm512_unpacklo_epi16(a, b);
+      vv[2 * g + 1] = _mm512_unpackhi_epi16(a, b);
+    }
+    CPUATTN_UNROLL(8)
+    for (int r = 0; r < R; ++r) {
+      std::int32_t pw;
+      if constexpr (kPair) {
+        std::memcpy(&pw, p + r * ws, sizeof(pw));
+      } else {
+        pw = static_cast<std::uint16_t>(p[r * ws]);
+      }
+      const __m512i wv = _mm512_set1_epi32(pw);
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < 2 * G; ++c) DpwssdInPlace(acc[r][c], wv, vv[c]);
+    }
+  }
+
   // Acc[R][2G vectors from c0] += f[r] sum over the runs' keys of wi v, in int32 registers over
   // the whole block (|sum| <= Nk 32767 128 < 2^31 for Nk <= 512), converted once at the end.
   template <int R, int G>
@@ -87,31 +133,11 @@ struct VnniI8 {
       const std::int8_t* v = runs[i].v + c0;
       const std::int16_t* p = w + runs[i].j0;
       const std::int64_t n = runs[i].n;
-      for (std::int64_t t = 0; t < n; t += 2) {
-        // An odd run's last key goes with a zero row (its pair's weight is not read).
-        const bool pair = t + 1 < n;
-        __m512i vv[2 * G];
-        CPUATTN_UNROLL(2)
-        for (int g = 0; g < G; ++g) {
-          const __m512i a = _mm512_cvtepi8_epi16(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + t * v_stride + 32 * g)));
-          const __m512i b =
-              pair ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                         reinterpret_cast<const __m256i*>(v + (t + 1) * v_stride + 32 * g)))
-                   : _mm512_setzero_si512();
-          vv[2 * g] = _mm512_unpacklo_epi16(a, b);
-          vv[2 * g + 1] = _mm512_unpackhi_epi16(a, b);
-        }
-        CPUATTN_UNROLL(8)
-        for (int r = 0; r < R; ++r) {
-          std::uint32_t pw = static_cast<std::uint16_t>(p[r * ws + t]);
-          if (pair)
-            pw |= static_cast<std::uint32_t>(static_cast<std::uint16_t>(p[r * ws + t + 1])) << 16;
-          const __m512i wv = _mm512_set1_epi32(static_cast<int>(pw));
-          CPUATTN_UNROLL(4)
-          for (int c = 0; c < 2 * G; ++c) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], wv, vv[c]);
-        }
-      }
+      // Whole pairs in a loop of one shape (a pair check inside it made GCC copy every
+      // accumulator twice per step and spill some), then an odd run's last key.
+      std::int64_t t = 0;
+      for (; t + 1 < n; t += 2) PairStep<R, G, true>(v + t * v_stride, v_stride, p + t, ws, acc);
+      if (t < n) PairStep<R, G, false>(v + t * v_stride, v_stride, p + t, ws, acc);
     }
     CPUATTN_UNROLL(8)
     for (int r = 0; r < R; ++r) {
