@@ -404,14 +404,6 @@ TEST(NativeBf16Decode, ExactQKeepsInfiniteScores) {
   EXPECT_TRUE(all_close(out.data() + 2 * Dv, want.data() + 2 * Dv, 2 * Dv, 4e-3)) << "heads 2, 3";
 }
 
-// The targets whose int8 decoding steps run P V on VNNI (a native unit), where this CPU runs them.
-std::vector<Target> vnni_targets() {
-  std::vector<Target> ts;
-  for (Target t : {Target::avx512_vnni, Target::avx512_bf16})
-    if (machine_runs(t)) ts.push_back(t);
-  return ts;
-}
-
 // int8 V on the native decoding loop (VNNI P V) with an infinite and a NaN per-token scale: the
 // quantized weights cannot hold them, so those rows take the f32 loop and give the reference's
 // infinities and NaNs column by column (a zero V element times an infinite scale is NaN, the

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -105,13 +106,24 @@ inline bool native_bf16_products(const Context* c) {
   return std::string(active_bf16_path(c)) != "f32";
 }
 
+// The targets whose int8 decoding steps run P V on VNNI (a native unit, which takes the weights
+// rounded to int16).
+inline constexpr Target kVnniTargets[] = {Target::avx512_vnni, Target::avx512_bf16};
+
+// kVnniTargets where this CPU runs them.
+inline std::vector<Target> vnni_targets() {
+  std::vector<Target> ts;
+  for (Target t : kVnniTargets)
+    if (machine_runs(t)) ts.push_back(t);
+  return ts;
+}
+
 // Whether a context's decoding steps over K/V of `kv` round P for native products: bf16 as
-// native_bf16_products says; int8 on the targets with a VNNI unit (avx512_vnni, avx512_bf16),
-// whose P V takes the weights rounded to int16.
+// native_bf16_products says; int8 on kVnniTargets.
 inline bool native_products(const Context* c, DType kv) {
   if (kv != DType::i8) return native_bf16_products(c);
   const Target t = active_target(c);
-  return t == Target::avx512_vnni || t == Target::avx512_bf16;
+  return std::find(std::begin(kVnniTargets), std::end(kVnniTargets), t) != std::end(kVnniTargets);
 }
 
 // A SIMD provider and a target cap: what a test runs the fast paths on.
