@@ -133,8 +133,7 @@ struct VnniI8 {
       const std::int8_t* v = runs[i].v + c0;
       const std::int16_t* p = w + runs[i].j0;
       const std::int64_t n = runs[i].n;
-      // Whole pairs in a loop of one shape (a pair check inside it made GCC copy every
-      // accumulator twice per step and spill some), then an odd run's last key.
+      // Whole pairs in a loop without a pair check, then an odd run's last key.
       std::int64_t t = 0;
       for (; t + 1 < n; t += 2) PairStep<R, G, true>(v + t * v_stride, v_stride, p + t, ws, acc);
       if (t < n) PairStep<R, G, false>(v + t * v_stride, v_stride, p + t, ws, acc);
