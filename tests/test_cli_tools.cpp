@@ -56,7 +56,8 @@ void expect_machine(const Json& r) {
 unsigned cpus() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 TEST_F(Cli, ProfileReportsPhasesThreadsRooflineAndCounters) {
-  const Result j = run("profile --shape 1,4,256,256,32 --threads 2 --repeat 2 --json");
+  // Causal: the tiled units' phases (an unmasked short shape runs keys as rows, without pack_kv).
+  const Result j = run("profile --shape 1,4,256,256,32 --causal --threads 2 --repeat 2 --json");
   ASSERT_EQ(j.exit_code, 0) << j.err;
   const Json r = Json::parse(j.out);
   for (const char* p : {"pack_kv", "scores", "softmax", "pv"})
@@ -137,7 +138,9 @@ TEST_F(Cli, VerboseEnvLogsEveryCallWithItsTarget) {
 
 // --layout blhd times the same shapes through [B, L, H, D] views: the record and its dims name
 // the layout, and the library sees strided rows (a tiled f32 call then packs V, whose rows lie
-// H * D floats apart, where the [B, H, L, D] default reads V in place). Layer cases refuse it.
+// H * D floats apart, where the [B, H, L, D] default reads V in place; this short unmasked shape
+// runs keys as rows either way, `;keys_rows`, with those units for a non-finite task). Layer
+// cases refuse it.
 TEST_F(Cli, BenchLayoutBlhdTimesStridedViews) {
   for (const std::string layout : {"bhld", "blhd"}) {
     ::setenv("CPUATTN_VERBOSE", "1", 1);
@@ -155,9 +158,11 @@ TEST_F(Cli, BenchLayoutBlhdTimesStridedViews) {
     for (const auto& line : lines_of(r.err)) {
       if (line.rfind("cpuattn_verbose,attention,", 0) != 0) continue;
       ++calls;
-      EXPECT_EQ(line.find("tiled=tile_f32_qin+vin_tile_f32+out/") != std::string::npos, !blhd)
+      EXPECT_EQ(line.find("tiled=tile_f32_qin+vin_tile_f32+out;keys_rows/") != std::string::npos,
+                !blhd)
           << line;
-      EXPECT_EQ(line.find("tiled=tile_f32_qin+tile_f32+out/") != std::string::npos, blhd) << line;
+      EXPECT_EQ(line.find("tiled=tile_f32_qin+tile_f32+out;keys_rows/") != std::string::npos, blhd)
+          << line;
     }
     EXPECT_EQ(calls, 2) << r.err;  // the warm-up and the timed run
   }

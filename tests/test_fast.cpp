@@ -3,6 +3,7 @@
 // their combinations, GQA ratios; plus determinism across thread counts, concurrent callers,
 // allocation-free steady state, plan tweaks that leave results bitwise equal, and the stated
 // error of the vector exp2.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -298,13 +299,43 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
   EXPECT_THROW(set_plan_tweak(ctx, "faster"), Error);
 }
 
+// Short query ranges over K/V blocks that one query block reads (X1's shape) run keys as the
+// tiles' rows (FlashPath::keys_as_rows, kernels/flash/keys_rows-inl.h): query tails in the lanes,
+// key and Dv tails in the rows, both layouts, misaligned views, one key; enough batches that the
+// plan splits no keys on this machine, and the plan must name the path.
+TEST_P(FastPath, KeysAsRowsBlocks) {
+  const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::int64_t H = 4, B = std::max<std::int64_t>(16, 4 * hw) / H;
+  struct Shape {
+    std::int64_t Lq, Lk, D, Dv;
+    bool blhd;
+    int misalign;
+  };
+  for (const Shape& sh : {Shape{64, 300, 64, 64, false, 0}, Shape{33, 129, 32, 48, true, 1},
+                          Shape{9, 5, 16, 16, false, 0}, Shape{64, 1, 128, 64, true, 0},
+                          Shape{17, 257, 48, 80, false, 1}}) {
+    Case c;
+    c.B = B, c.H = H, c.Hkv = H, c.Lq = sh.Lq, c.Lk = sh.Lk, c.D = sh.D, c.Dv = sh.Dv;
+    c.blhd = sh.blhd;
+    c.misalign = sh.misalign;
+    c.lse = false;  // an lse output takes the tiled units
+    ProfileSession session;
+    check_case(c, GetParam());
+    bool keys_rows = false;
+    for (const CallProfile& call : session.take())
+      keys_rows |= call.path.find(";keys_rows") != std::string::npos;
+    EXPECT_TRUE(keys_rows) << c.str();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FastPath, ::testing::ValuesIn(machine_backends()),
                          [](const auto& info) { return info.param.name(); });
 
 // Results must not depend on the thread count: the task split is fixed by the shape.
 TEST(Determinism, BitwiseAcrossThreadCounts) {
   for (Case c : {Case{2, 8, 2, 300, 300, 64, 64}, Case{1, 4, 1, 1, 5000, 64, 64},
-                 Case{3, 4, 4, 65, 700, 17, 33, false, 0, MaskCase::causal_br}}) {
+                 Case{3, 4, 4, 65, 700, 17, 33, false, 0, MaskCase::causal_br},
+                 Case{16, 4, 4, 64, 700, 64, 64}}) {  // the last: keys as rows (X1's shape)
     Inputs in(c);
     std::vector<std::vector<float>> outs;
     for (int threads : {1, 2, 3}) {

@@ -277,6 +277,26 @@ std::uint8_t kinds_met(const Problem& p, const Plan& pl) {
   return kinds;
 }
 
+// Whether every task runs keys as the tiles' rows (FlashPath::keys_as_rows, keys_rows-inl.h):
+// f32 throughout with no mask, variant or extra output, one query head per block and each task's
+// K/V blocks read by at most two query blocks (short sequences, whose tiled tasks pack each K
+// block for the rows of one or two query blocks: docs/performance.md#dm-keys-as-rows), all keys in
+// one task, D and Dv whole vectors. From the shape alone, so the same for any thread count.
+bool keys_as_rows_fits(const Problem& p, const Plan& pl, const FlashKernels& fk) {
+  const FlashPath& path = pl.path;
+  const bool f32 = p.q.dtype == DType::f32 && p.k.dtype == DType::f32 && p.v.dtype == DType::f32 &&
+                   p.out_dtype == DType::f32;
+  const bool plain = p.causal == Causal::none && p.mask_kind == MaskKind::none &&
+                     p.key_lengths == nullptr && p.lse == nullptr && p.weights == nullptr &&
+                     p.window_left < 0 && p.window_right < 0 && p.softcap == 0 && !p.has_alibi() &&
+                     p.sinks == nullptr && p.pages == nullptr;
+  const bool tiled_only = path.kinds == (1u << static_cast<int>(BlockKind::tiled));
+  return f32 && plain && tiled_only && path.unit == FlashUnit::portable &&
+         (path.out == OutUnit::f32 || path.out == OutUnit::f32_stream) && pl.heads_per_block == 1 &&
+         pl.kv_heads_per_task == 1 && pl.blocks_per_chunk == 1 && p.D % fk.lanes == 0 &&
+         p.Dv % fk.lanes == 0;
+}
+
 }  // namespace
 
 bool amx_tiles(const Choice& choice, DType q, DType kv, std::int64_t D) {
@@ -334,6 +354,7 @@ Plan plan_flash(const Problem& p, const Choice& choice, double share) {
   const bool f32_out = path.out == OutUnit::f32 || path.out == OutUnit::f32_stream;
   for (BlockPath& b : path.block)
     b.out_in_pv = f32_out && b.pv == PvUnit::tile_f32 && p.Dv % fk.lanes == 0;
+  path.keys_as_rows = keys_as_rows_fits(p, pl, fk);
   return pl;
 }
 
@@ -367,7 +388,7 @@ std::string path_name(const FlashPath& path) {
          (b.out_in_pv ? "+out" : "");
     first = false;
   }
-  return s + "/" + kOut[static_cast<int>(path.out)];
+  return s + (path.keys_as_rows ? ";keys_rows" : "") + "/" + kOut[static_cast<int>(path.out)];
 }
 
 }  // namespace cpuattn::detail

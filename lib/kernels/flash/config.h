@@ -138,6 +138,9 @@ struct FlashPath {
   OutUnit out = OutUnit::f32;
   std::uint8_t kinds = 0;  // bit k: some query block of the problem is of kind k
   bool q_hilo = false;     // some block of the problem uses QUnit::f32_hilo
+  // Every task runs keys as the tiles' rows (keys_rows-inl.h; config.cpp, keys_as_rows_fits),
+  // falling back to the blocks' units for a task whose sums are not finite.
+  bool keys_as_rows = false;
 };
 
 // The kind of a query block of `head_rows` rows per K/V head; `kv_reused`: its task keeps its

@@ -25,6 +25,7 @@
 #include "kernels/flash/epilogue-inl.h"
 #include "kernels/flash/fp8_lo-inl.h"
 #include "kernels/flash/geometry-inl.h"
+#include "kernels/flash/keys_rows-inl.h"
 #include "kernels/flash/kv_pack-inl.h"
 #include "kernels/flash/pv-inl.h"
 #include "kernels/flash/pv_skip_zero-inl.h"
@@ -719,6 +720,54 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
   return a;
 }
 
+// FlashPath::keys_as_rows: task t's query blocks with keys in the tiles' rows (keys_rows-inl.h),
+// K/V read in place and prefetched into L2 two blocks ahead as the tiled path does, the next
+// task's inputs dripped after each tile. False where a block's sums are not finite: the task then
+// runs on the plan's tiled units, which write every row of it again (their exact rerun handles
+// such blocks).
+template <class O>
+bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
+                   const TaskCoords& tc, const Geometry<O>& g, TaskBuffers& tb,
+                   detail::PhaseClock& clock) {
+  using KR = KeysAsRows<O>;
+  const bool stream = pl.path.out == detail::OutUnit::f32_stream;
+  const auto drip = [&] { tb.ahead.Drip(p); };
+  const float* K = static_cast<const float*>(p.k.data) + tc.b * p.k.s[0] + tc.hk * p.k.s[1];
+  const float* V = static_cast<const float*>(p.v.data) + tc.b * p.v.s[0] + tc.hk * p.v.s[1];
+  for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
+    const QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
+    const int qp = (q.rows + KR::kChunk - 1) / KR::kChunk * KR::kChunk;
+    const typename KR::Block blk{tc.b, tc.h0, tc.hk, q.pos0, q.rows, qp, tc.k0, tc.k1};
+    KR::TransposeQ(p, blk, tb.qp);
+    tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
+    std::fill(tb.m, tb.m + qp, -std::numeric_limits<float>::infinity());
+    std::fill(tb.l, tb.l + qp, 0.0f);
+    std::fill(tb.acc, tb.acc + p.Dv * qp, 0.0f);
+    clock.lap(Phase::pack_q);
+    for (std::int64_t kb0 = tc.k0; kb0 < tc.k1; kb0 += g.Nk) {
+      const std::int64_t nk = std::min(g.Nk, tc.k1 - kb0);
+      if (kb0 == tc.k0)
+        PrefetchKV(p, tc.b, tc.hk, kb0 + g.Nk,
+                   std::clamp<std::int64_t>(tc.k1 - kb0 - g.Nk, 0, g.Nk));
+      if (kb0 + 2 * g.Nk < tc.k1)
+        PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * g.Nk, std::min(g.Nk, tc.k1 - kb0 - 2 * g.Nk));
+      KR::ScoreBlock(K + kb0 * p.k.s[2], p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale,
+                     drip);
+      clock.lap(Phase::scores);
+      KR::Softmax(nk, p.Dv, qp, tb.s, tb.m, tb.out_scale, tb.l, tb.acc);
+      clock.lap(Phase::softmax);
+      KR::PvBlock(V + kb0 * p.v.s[2], p.v.s[2], p.Dv, nk, tb.s, qp, tb.acc, drip);
+      clock.lap(Phase::pv);
+    }
+    if (!AccFinite<O>(tb.acc, p.Dv * qp) || !AccFinite<O>(tb.l, qp)) return false;
+    tb.ahead.Rest(p);
+    KR::WriteOut(p, blk, tb.acc, tb.l, stream);
+    clock.lap(Phase::output);
+  }
+  if (stream) O::StreamFence();
+  return true;
+}
+
 // Runs task t of the plan (see TaskCoords). With a log (profiling on) the time is split into
 // phases at every step of every key block; without one each step's check is a predicted branch.
 template <class O, detail::FlashUnit kUnit = detail::FlashUnit::portable>
@@ -729,6 +778,7 @@ void RunTask(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
   const Geometry<O> g(p, O::kBlockKeys);
   const TaskCoords tc = DecodeTask(p, pl, t);
   TaskBuffers tb = LayOutTask<O>(p, pl, tc, g, scratch);
+  if (pl.path.keys_as_rows && RunKeysAsRows<O>(p, pl, t, tc, g, tb, clock)) return;
   const MaskInfo mi = MaskInfoOf(p);
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
     QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
