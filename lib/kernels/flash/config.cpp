@@ -279,9 +279,10 @@ std::uint8_t kinds_met(const Problem& p, const Plan& pl) {
 
 // Whether every task runs keys as the tiles' rows (FlashPath::keys_as_rows, keys_rows-inl.h):
 // f32 throughout with no mask, variant or extra output, one query head per block and each task's
-// K/V blocks read by at most two query blocks (short sequences, whose tiled tasks pack each K
-// block for the rows of one or two query blocks: docs/performance.md#dm-keys-as-rows), all keys in
-// one task, D and Dv whole vectors. From the shape alone, so the same for any thread count.
+// K/V blocks read by one query block (X1: the tiled task would pack each K block for those 64 rows
+// alone; with two blocks, S1, AVX2 ran slower: docs/performance.md#dm-keys-as-rows), all keys in
+// one task, D and Dv whole vectors. From the shape and the machine's task target, never the
+// thread count, so the same bits for any number of threads.
 bool keys_as_rows_fits(const Problem& p, const Plan& pl, const FlashKernels& fk) {
   const FlashPath& path = pl.path;
   const bool f32 = p.q.dtype == DType::f32 && p.k.dtype == DType::f32 && p.v.dtype == DType::f32 &&
