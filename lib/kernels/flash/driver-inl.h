@@ -282,6 +282,16 @@ struct KeyBlock {
 // KvUnit: the block's geometry, and for the packed units the block packed (once per task when
 // the task keeps them) after asking for the rows two blocks ahead, so that their misses overlap
 // this block's work. Streamed blocks prefetch their own rows as they read them (stream_dot-inl.h).
+// The K/V rows of the key block two after the one at kb0 (with `first`, also of the next one),
+// into L2, as far as the task's keys go.
+CPUATTN_ALWAYS_INLINE void PrefetchBlocksAhead(const detail::Problem& p, const TaskCoords& tc,
+                                               std::int64_t kb0, bool first, std::int64_t nk) {
+  if (first)
+    PrefetchKV(p, tc.b, tc.hk, kb0 + nk, std::clamp<std::int64_t>(tc.k1 - kb0 - nk, 0, nk));
+  if (kb0 + 2 * nk < tc.k1)
+    PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * nk, std::min(nk, tc.k1 - kb0 - 2 * nk));
+}
+
 template <class O, detail::FlashUnit kUnit>
 KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const QueryBlock& q,
                       const Geometry<O>& g, std::int64_t kb0, TaskBuffers& tb) {
@@ -298,10 +308,7 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
                     : std::max<std::int64_t>(0, std::min(kb.nk, q.end_lo - kb0));
   kb.clean_lo = std::clamp<std::int64_t>(q.begin_hi - kb0, 0, kb.nk);
   if (!detail::packs_k(q.path.kv) || (tc.keep_packed && slot < tb.packed_blocks)) return kb;
-  if (kb0 == q.kb_first)
-    PrefetchKV(p, tc.b, tc.hk, kb0 + g.Nk, std::clamp<std::int64_t>(tc.k1 - kb0 - g.Nk, 0, g.Nk));
-  if (kb0 + 2 * g.Nk < tc.k1)
-    PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * g.Nk, std::min(g.Nk, tc.k1 - kb0 - 2 * g.Nk));
+  PrefetchBlocksAhead(p, tc, kb0, kb0 == q.kb_first, g.Nk);
   if (q.path.kv == detail::KvUnit::packed_bf16) {
     if constexpr (detail::has_bf16_units(kUnit)) {
       Bf16Tile<O>::PackK(p, tc.b, tc.hk, kb0, kb.nk, reinterpret_cast<std::uint32_t*>(kb.kp));
@@ -737,7 +744,7 @@ bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_
   for (std::int64_t qb = tc.qb0; qb < tc.qb1; ++qb) {
     const QueryBlock q = QueryBlockOf<O>(p, pl, tc, g, qb);
     const int qp = (q.rows + KR::kChunk - 1) / KR::kChunk * KR::kChunk;
-    const typename KR::Block blk{tc.b, tc.h0, tc.hk, q.pos0, q.rows, qp, tc.k0, tc.k1};
+    const typename KR::Block blk{tc.b, tc.h0, q.pos0, q.rows, qp};
     KR::TransposeQ(p, blk, tb.qp);
     tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     std::fill(tb.m, tb.m + qp, -std::numeric_limits<float>::infinity());
@@ -746,11 +753,7 @@ bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_
     clock.lap(Phase::pack_q);
     for (std::int64_t kb0 = tc.k0; kb0 < tc.k1; kb0 += g.Nk) {
       const std::int64_t nk = std::min(g.Nk, tc.k1 - kb0);
-      if (kb0 == tc.k0)
-        PrefetchKV(p, tc.b, tc.hk, kb0 + g.Nk,
-                   std::clamp<std::int64_t>(tc.k1 - kb0 - g.Nk, 0, g.Nk));
-      if (kb0 + 2 * g.Nk < tc.k1)
-        PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * g.Nk, std::min(g.Nk, tc.k1 - kb0 - 2 * g.Nk));
+      PrefetchBlocksAhead(p, tc, kb0, kb0 == tc.k0, g.Nk);
       KR::ScoreBlock(K + kb0 * p.k.s[2], p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale,
                      drip);
       clock.lap(Phase::scores);

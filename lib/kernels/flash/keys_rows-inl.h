@@ -42,9 +42,8 @@ struct KeysAsRows {
   // The query block's geometry: rows [0, rows) are positions pos0 + r of head h; qp lanes (rows
   // rounded up to whole tile chunks).
   struct Block {
-    std::int64_t b, h, hk, pos0;
+    std::int64_t b, h, pos0;
     int rows, qp;
-    std::int64_t k0, k1;
   };
 
   // Qt from Q's rows, times `scale`; zero lanes past the rows.
