@@ -283,13 +283,17 @@ struct KeyBlock {
 // the task keeps them) after asking for the rows two blocks ahead, so that their misses overlap
 // this block's work. Streamed blocks prefetch their own rows as they read them (stream_dot-inl.h).
 // The K/V rows of the key block two after the one at kb0 (with `first`, also of the next one),
-// into L2, as far as the task's keys go.
+// into L2, as far as the task's keys go, except keys below `asked_to`, which the task before
+// asked for already (KeysAskedAhead).
 CPUATTN_ALWAYS_INLINE void PrefetchBlocksAhead(const detail::Problem& p, const TaskCoords& tc,
-                                               std::int64_t kb0, bool first, std::int64_t nk) {
-  if (first)
-    PrefetchKV(p, tc.b, tc.hk, kb0 + nk, std::clamp<std::int64_t>(tc.k1 - kb0 - nk, 0, nk));
-  if (kb0 + 2 * nk < tc.k1)
-    PrefetchKV(p, tc.b, tc.hk, kb0 + 2 * nk, std::min(nk, tc.k1 - kb0 - 2 * nk));
+                                               std::int64_t kb0, bool first, std::int64_t nk,
+                                               std::int64_t asked_to) {
+  const auto ask = [&](std::int64_t j0) {
+    const std::int64_t lo = std::max(j0, asked_to), hi = std::min(j0 + nk, tc.k1);
+    if (lo < hi) PrefetchKV(p, tc.b, tc.hk, lo, hi - lo);
+  };
+  if (first) ask(kb0 + nk);
+  ask(kb0 + 2 * nk);
 }
 
 template <class O, detail::FlashUnit kUnit>
@@ -308,7 +312,7 @@ KeyBlock LoadKeyBlock(const detail::Problem& p, const TaskCoords& tc, const Quer
                     : std::max<std::int64_t>(0, std::min(kb.nk, q.end_lo - kb0));
   kb.clean_lo = std::clamp<std::int64_t>(q.begin_hi - kb0, 0, kb.nk);
   if (!detail::packs_k(q.path.kv) || (tc.keep_packed && slot < tb.packed_blocks)) return kb;
-  PrefetchBlocksAhead(p, tc, kb0, kb0 == q.kb_first, g.Nk);
+  PrefetchBlocksAhead(p, tc, kb0, kb0 == q.kb_first, g.Nk, tc.k0);
   if (q.path.kv == detail::KvUnit::packed_bf16) {
     if constexpr (detail::has_bf16_units(kUnit)) {
       Bf16Tile<O>::PackK(p, tc.b, tc.hk, kb0, kb.nk, reinterpret_cast<std::uint32_t*>(kb.kp));
@@ -682,6 +686,14 @@ void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const Tas
 
 // The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the
 // block (one after its scores, one after its P V).
+// How many of task tn's K/V rows, from its first key block's kb_first on, the task before it asks
+// for while it runs (InputsAheadOf): up to Plan::ahead_kv_bytes.
+CPUATTN_ALWAYS_INLINE std::int64_t KeysAskedAhead(const detail::Problem& p, const detail::Plan& pl,
+                                                  const TaskCoords& tn, std::int64_t kb_first) {
+  return std::clamp<std::int64_t>(pl.ahead_kv_bytes / InputsAhead::KvRowBytes(p), 0,
+                                  std::max<std::int64_t>(0, tn.k1 - kb_first));
+}
+
 template <class O>
 InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                           const TaskCoords& tc, const QueryBlock& q, std::int64_t qb,
@@ -698,9 +710,7 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
     const QueryBlock qn = QueryBlockOf<O>(p, pl, tn, g, tn.qb0);
     if (detail::packs_k(qn.path.kv)) {
       if (last) a = {tn.b, tn.h0, tn.nh, qn.pos0, qn.rows};
-      const std::int64_t keys =
-          std::clamp<std::int64_t>(pl.ahead_kv_bytes / InputsAhead::KvRowBytes(p), 0,
-                                   std::max<std::int64_t>(0, tn.k1 - qn.kb_first));
+      const std::int64_t keys = KeysAskedAhead(p, pl, tn, qn.kb_first);
       // The task's first block reads its own K/V from memory; the later ones only compute, and
       // take the next task's keys in n - 1 slices (a one-block task takes them all).
       const std::int64_t n = tc.qb1 - tc.qb0, i = qb - tc.qb0;
@@ -728,8 +738,11 @@ InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std:
 }
 
 // FlashPath::keys_as_rows: task t's query blocks with keys in the tiles' rows (keys_rows-inl.h),
-// K/V read in place and prefetched into L2 two blocks ahead as the tiled path does, the next
-// task's inputs dripped after each tile. False where a block's sums are not finite: the task then
+// K/V read in place, the next task's inputs dripped after each tile. Its own K/V rows are
+// prefetched into L2 two blocks ahead as the tiled path does, but only those past the keys the
+// task before dripped: asking for those lines again, 1,024 prefetches per block that hit L2, cost
+// more than the few tasks that start on a thread after another thread's task save
+// (docs/performance.md#dm-kr-asked-once). False where a block's sums are not finite: the task then
 // runs on the plan's tiled units, which write every row of it again (their exact rerun handles
 // such blocks).
 template <class O>
@@ -746,6 +759,8 @@ bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_
     const int qp = (q.rows + KR::kChunk - 1) / KR::kChunk * KR::kChunk;
     const typename KR::Block blk{tc.b, tc.h0, q.pos0, q.rows, qp};
     KR::TransposeQ(p, blk, tb.qp);
+    const std::int64_t asked_to =
+        t > 0 && detail::packs_k(q.path.kv) ? tc.k0 + KeysAskedAhead(p, pl, tc, tc.k0) : tc.k0;
     tb.ahead = InputsAheadOf<O>(p, pl, t, tc, q, qb, g);
     std::fill(tb.m, tb.m + qp, -std::numeric_limits<float>::infinity());
     std::fill(tb.l, tb.l + qp, 0.0f);
@@ -753,7 +768,7 @@ bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_
     clock.lap(Phase::pack_q);
     for (std::int64_t kb0 = tc.k0; kb0 < tc.k1; kb0 += g.Nk) {
       const std::int64_t nk = std::min(g.Nk, tc.k1 - kb0);
-      PrefetchBlocksAhead(p, tc, kb0, kb0 == tc.k0, g.Nk);
+      PrefetchBlocksAhead(p, tc, kb0, kb0 == tc.k0, g.Nk, asked_to);
       KR::ScoreBlock(K + kb0 * p.k.s[2], p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale,
                      drip);
       clock.lap(Phase::scores);
