@@ -301,8 +301,10 @@ TEST_P(FastPath, PlanTweaksLeaveOutputsBitwiseEqual) {
 
 // Short query ranges over K/V blocks that one query block reads (X1's shape) run keys as the
 // tiles' rows (FlashPath::keys_as_rows, kernels/flash/keys_rows-inl.h): query tails in the lanes,
-// key and Dv tails in the rows, both layouts, misaligned views, one key; enough batches that the
-// plan splits no keys on this machine, and the plan must name the path.
+// key and Dv tails in the rows, both layouts, misaligned views, one key; scores that grow along
+// the keys, so that the one-pass step after a task's first block (KeysAsRows::ProbBlock) takes
+// some blocks and refuses others; NaN and inf inputs (the tiled units' rerun); enough batches
+// that the plan splits no keys on this machine, and the plan must name the path.
 TEST_P(FastPath, KeysAsRowsBlocks) {
   const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   const std::int64_t H = 4, B = std::max<std::int64_t>(16, 4 * hw) / H;
@@ -310,14 +312,21 @@ TEST_P(FastPath, KeysAsRowsBlocks) {
     std::int64_t Lq, Lk, D, Dv;
     bool blhd;
     int misalign;
+    int key_ramp = 0;  // +1 with scale 1: scores that grow along the keys (KeysAsRows::ProbBlock
+                       // refuses some blocks and takes others)
+    bool specials = false;
   };
   for (const Shape& sh : {Shape{64, 300, 64, 64, false, 0}, Shape{33, 129, 32, 48, true, 1},
                           Shape{9, 5, 16, 16, false, 0}, Shape{64, 1, 128, 64, true, 0},
-                          Shape{17, 257, 48, 80, false, 1}}) {
+                          Shape{17, 257, 48, 80, false, 1}, Shape{40, 1000, 64, 64, false, 0, 1},
+                          Shape{23, 700, 32, 32, true, 1, 0, true}}) {
     Case c;
     c.B = B, c.H = H, c.Hkv = H, c.Lq = sh.Lq, c.Lk = sh.Lk, c.D = sh.D, c.Dv = sh.Dv;
     c.blhd = sh.blhd;
     c.misalign = sh.misalign;
+    c.key_ramp = sh.key_ramp;
+    if (sh.key_ramp != 0) c.scale = 1.0;
+    c.specials = sh.specials;
     c.lse = false;  // an lse output takes the tiled units
     ProfileSession session;
     check_case(c, GetParam());

@@ -769,11 +769,18 @@ bool RunKeysAsRows(const detail::Problem& p, const detail::Plan& pl, std::int64_
     for (std::int64_t kb0 = tc.k0; kb0 < tc.k1; kb0 += g.Nk) {
       const std::int64_t nk = std::min(g.Nk, tc.k1 - kb0);
       PrefetchBlocksAhead(p, tc, kb0, kb0 == tc.k0, g.Nk, asked_to);
-      KR::ScoreBlock(K + kb0 * p.k.s[2], p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale,
-                     drip);
-      clock.lap(Phase::scores);
-      KR::Softmax(nk, p.Dv, qp, tb.s, tb.m, tb.out_scale, tb.l, tb.acc);
-      clock.lap(Phase::softmax);
+      const float* k = K + kb0 * p.k.s[2];
+      // After the task's first block every lane's m is finite (no key is masked on this path).
+      if (kb0 > tc.k0 &&
+          KR::ProbBlock(k, p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale, drip)) {
+        KR::AddSums(qp, tb.out_scale, tb.l);
+        clock.lap(Phase::scores);
+      } else {
+        KR::ScoreBlock(k, p.k.s[2], p.D, nk, tb.qp, qp, tb.m, tb.s, tb.out_scale, drip);
+        clock.lap(Phase::scores);
+        KR::Softmax(nk, p.Dv, qp, tb.s, tb.m, tb.out_scale, tb.l, tb.acc);
+        clock.lap(Phase::softmax);
+      }
       KR::PvBlock(V + kb0 * p.v.s[2], p.v.s[2], p.Dv, nk, tb.s, qp, tb.acc, drip);
       clock.lap(Phase::pv);
     }

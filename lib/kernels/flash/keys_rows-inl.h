@@ -18,10 +18,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/problem.h"
 #include "kernels/common/outer-inl.h"
 #include "kernels/flash/config.h"
+#include "kernels/flash/softmax-inl.h"
 #include "simd/contract.h"
 #include "simd/math-inl.h"
 #include "simd/target_namespace.h"
@@ -107,6 +109,34 @@ struct KeysAsRows {
     }
   }
 
+  // The lazy step's tile (ProbBlock): St rows [0, R) of one chunk as weights 2^(s - m), from
+  // accumulators that start at -m (neg_m, per lane) and so end as s - m; their sums by lane (keys
+  // in order) join `sum`, and their largest s - m joins `over`.
+  template <int R>
+  static CPUATTN_ALWAYS_INLINE void ProbTile(const float* CPUATTN_RESTRICT k, std::int64_t ks,
+                                             std::int64_t D, const float* CPUATTN_RESTRICT qt,
+                                             int qp, float* CPUATTN_RESTRICT st,
+                                             const V (&neg_m)[kCols], V (&sum)[kCols],
+                                             V (&over)[kCols]) {
+    V acc[R][kCols];
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < kCols; ++c) acc[r][c] = neg_m[c];
+    }
+    AccumulateOuter<O, R, kCols>(k, 1, ks, qt, qp, D, acc);
+    CPUATTN_UNROLL(16)
+    for (int r = 0; r < R; ++r) {
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < kCols; ++c) {
+        over[c] = O::Max(over[c], acc[r][c]);
+        const V e = Exp2<O>(acc[r][c]);
+        O::Store(e, st + r * qp + c * N);
+        sum[c] = O::Add(sum[c], e);
+      }
+    }
+  }
+
   // The tiles of R = 1..kRows rows, R known at run time (the block's last keys, Dv's last columns).
   static void ScoreRows(int R, const float* k, std::int64_t ks, std::int64_t D, const float* qt,
                         int qp, float* st, V (&mx)[kCols]) {
@@ -122,6 +152,25 @@ struct KeysAsRows {
       CPUATTN_KR_SCORE(5)
       CPUATTN_KR_SCORE(6)
 #undef CPUATTN_KR_SCORE
+      default:
+        break;
+    }
+  }
+  static void ProbRows(int R, const float* k, std::int64_t ks, std::int64_t D, const float* qt,
+                       int qp, float* st, const V (&neg_m)[kCols], V (&sum)[kCols],
+                       V (&over)[kCols]) {
+    switch (R) {
+#define CPUATTN_KR_PROB(n)                                                         \
+  case n:                                                                          \
+    if constexpr (n <= kRows) ProbTile<n>(k, ks, D, qt, qp, st, neg_m, sum, over); \
+    break;
+      CPUATTN_KR_PROB(1)
+      CPUATTN_KR_PROB(2)
+      CPUATTN_KR_PROB(3)
+      CPUATTN_KR_PROB(4)
+      CPUATTN_KR_PROB(5)
+      CPUATTN_KR_PROB(6)
+#undef CPUATTN_KR_PROB
       default:
         break;
     }
@@ -163,6 +212,47 @@ struct KeysAsRows {
       CPUATTN_UNROLL(4)
       for (int c = 0; c < kCols; ++c) O::Store(mx[c], mnew + c0 + c * N);
     }
+  }
+
+  // One key block for lanes that have each seen a block (m finite), scores and softmax in one pass
+  // (lazy rescaling, as the tiled path's ProbBlockTiles): St's nk rows become 2^(s - m) against
+  // the lanes' running max m as the tiles leave the registers, and `sums` gets their sums by lane,
+  // which l takes (AddSums) without a rescale, as Acct needs none: m stays. That drops the
+  // separate pass over St and Acct (Softmax) from every block but a task's first. False if a
+  // score is above m + kLazyMaxSlack (known after the last tile): the block then takes
+  // ScoreBlock and Softmax, which overwrite St. NaN scores pass as NaN weights, which the
+  // driver's check of Acct and l sends to the tiled units.
+  template <class Between>
+  static bool ProbBlock(const float* k, std::int64_t ks, std::int64_t D, std::int64_t nk,
+                        const float* qt, int qp, const float* m, float* st, float* sums,
+                        const Between& between) {
+    V over_all = O::Set(-std::numeric_limits<float>::infinity());
+    for (int c0 = 0; c0 < qp; c0 += kChunk) {
+      V neg_m[kCols], sum[kCols], over[kCols];
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < kCols; ++c) {
+        neg_m[c] = O::Sub(O::Zero(), O::Load(m + c0 + c * N));
+        sum[c] = O::Zero();
+        over[c] = O::Set(-std::numeric_limits<float>::infinity());
+      }
+      for (std::int64_t j0 = 0; j0 < nk; j0 += kRows) {
+        const auto R = static_cast<int>(std::min<std::int64_t>(kRows, nk - j0));
+        ProbRows(R, k + j0 * ks, ks, D, qt + c0, qp, st + j0 * qp + c0, neg_m, sum, over);
+        between();
+      }
+      CPUATTN_UNROLL(4)
+      for (int c = 0; c < kCols; ++c) {
+        O::Store(sum[c], sums + c0 + c * N);
+        over_all = O::Max(over_all, over[c]);
+      }
+    }
+    return !(O::ReduceMax(over_all) > kLazyMaxSlack);
+  }
+
+  // l += ProbBlock's sums.
+  static void AddSums(int qp, const float* CPUATTN_RESTRICT sums, float* CPUATTN_RESTRICT l) {
+    for (int v0 = 0; v0 < qp; v0 += N)
+      O::Store(O::Add(O::Load(l + v0), O::Load(sums + v0)), l + v0);
   }
 
   // The online softmax step of a block, lane by lane: St's nk rows become 2^(s - mnew), l becomes
