@@ -8,6 +8,7 @@
 
 #include "kernels/common/mask-inl.h"
 #include "kernels/flash/epilogue-inl.h"
+#include "kernels/flash/keys_rows-inl.h"
 #include "kernels/flash/kv_pack-inl.h"
 #include "kernels/flash/merge-inl.h"
 #include "kernels/flash/pv-inl.h"
@@ -72,6 +73,21 @@ bool MicroProbBlock(int rows, const float* q, std::int64_t qs, std::int64_t D, c
                     float* lsum) {
   return ProbBlockTiles<Ops>(rows, q, qs, D, kp, ncols, m, first, s, s_stride, lsum, Ops::kLanes,
                              [] {});
+}
+
+void MicroKrScoreBlock(const float* k, std::int64_t ks, std::int64_t D, std::int64_t nk,
+                       const float* qt, int qp, const float* m, float* st, float* mnew) {
+  KeysAsRows<Ops>::ScoreBlock(k, ks, D, nk, qt, qp, m, st, mnew, [] {});
+}
+
+bool MicroKrProbBlock(const float* k, std::int64_t ks, std::int64_t D, std::int64_t nk,
+                      const float* qt, int qp, const float* m, float* st, float* sums) {
+  return KeysAsRows<Ops>::ProbBlock(k, ks, D, nk, qt, qp, m, st, sums, [] {});
+}
+
+void MicroKrPvBlock(const float* v, std::int64_t vs, std::int64_t Dv, std::int64_t nk,
+                    const float* st, int qp, float* acct) {
+  KeysAsRows<Ops>::PvBlock(v, vs, Dv, nk, st, qp, acct, [] {});
 }
 
 void MicroPvTile(int R, int C, const float* p, std::int64_t p_stride, const float* vp,
@@ -225,6 +241,10 @@ const detail::MicroKernels* GetMicroKernels() {
                                           .widen_fp8_lo = &MicroWidenFp8Lo,
                                           .widen_bf16_parity = &MicroWidenBf16Parity,
                                           .pack_q = &MicroPackQ,
+                                          .kr_chunk = KeysAsRows<Ops>::kChunk,
+                                          .kr_score_block = &MicroKrScoreBlock,
+                                          .kr_prob_block = &MicroKrProbBlock,
+                                          .kr_pv_block = &MicroKrPvBlock,
                                           .stream_dot = &MicroStreamDot,
                                           .stream_runs = &MicroStreamRuns,
                                           .pv_runs = &MicroPvRuns,

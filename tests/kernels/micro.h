@@ -64,6 +64,20 @@ struct MicroKernels {
   // QUnit::f32 (q_pack-inl.h): rows of a query block into Qp, scaled, row stride qs.
   void (*pack_q)(const Problem& p, std::int64_t b, std::int64_t h0, std::int64_t nh,
                  std::int64_t pos0, int rows, float qscale, std::int64_t qs, float* qp);
+  // KeysAsRows (kernels/flash/keys_rows-inl.h) on one key block: nk rows of K or V (ks or vs
+  // floats apart) against lanes of query rows, qp lanes per row of Qt [D][qp], St [nk][qp] and
+  // Acct [Dv][qp] (qp a whole number of kr_chunk lanes; all three aligned).
+  int kr_chunk;
+  // ScoreBlock: st[j][i] = k_j . qt[., i]; mnew[i] = the largest of m[i] and st[., i].
+  void (*kr_score_block)(const float* k, std::int64_t ks, std::int64_t D, std::int64_t nk,
+                         const float* qt, int qp, const float* m, float* st, float* mnew);
+  // ProbBlock: st[j][i] = 2^(k_j . qt[., i] - m[i]), sums[i] their sum over j; false if a score
+  // is above m[i] + 8.
+  bool (*kr_prob_block)(const float* k, std::int64_t ks, std::int64_t D, std::int64_t nk,
+                        const float* qt, int qp, const float* m, float* st, float* sums);
+  // PvBlock: acct[c][i] += sum over j of v_j[c] st[j][i], for c < Dv.
+  void (*kr_pv_block)(const float* v, std::int64_t vs, std::int64_t Dv, std::int64_t nk,
+                      const float* st, int qp, float* acct);
   // ScoreUnit::dot (stream_dot-inl.h, DotScores): s[r][j] = qp[r] . K[j] (times kscale[j * kss]
   // when kscale is not null), K rows of `kdt` ks elements apart.
   void (*stream_dot)(DType kdt, int R, const float* qp, std::int64_t qs, std::int64_t D,

@@ -306,6 +306,98 @@ TEST_P(Micro, ProbBlockMatchesDouble) {
         }
 }
 
+// The keys-as-rows units (KeysAsRows: keys in the tiles' rows, query rows in the lanes) on one
+// key block, for key counts around the tile's rows and the block's keys, ragged D and Dv, K and V
+// rows not a whole vector apart, one and two chunks of lanes: the scores and each lane's new max
+// (exactly the largest f32 score or the old max), the one-pass weights against a max 3 below each
+// lane's largest score (within Exp2's 3e-7 and the score's rounding; their sums within that plus
+// f32 additions), a lane 8.5 above its max refusing the block, and P V into Accᵀ, each against
+// double precision.
+TEST_P(Micro, KeysAsRowsBlockMatchesDouble) {
+  const auto& k = mk();
+  for (int chunks : {1, 2})
+    for (std::int64_t nk : {std::int64_t{1}, std::int64_t{k.score_rows},
+                            std::int64_t{k.score_rows + 1}, std::int64_t{37}, k.block_keys})
+      for (std::int64_t D : {1, 17, 64}) {
+        const int qp = chunks * k.kr_chunk;
+        const std::int64_t ks = D + 3, Dv = D + 5;
+        Buf qt(D * qp), kr(nk * ks, 1), vr(nk * ks + Dv, 3), st(nk * qp), acct(Dv * qp);
+        Buf m(qp), mnew(qp), sums(qp);
+        fill(qt.data(), D * qp, 31 + static_cast<std::uint32_t>(D));
+        fill(kr.data(), nk * ks, 37 + static_cast<std::uint32_t>(nk), -2.0f, 2.0f);
+        fill(vr.data(), nk * ks + Dv, 41);
+        const std::string what = "chunks " + std::to_string(chunks) + " nk " + std::to_string(nk) +
+                                 " D " + std::to_string(D);
+        std::vector<double> want(nk * qp), err(nk * qp), lane_max(qp, -1e300);
+        for (std::int64_t j = 0; j < nk; ++j)
+          for (int i = 0; i < qp; ++i) {
+            double dot = 0, mag = 0;
+            for (std::int64_t d = 0; d < D; ++d) {
+              const double t = double(kr.data()[j * ks + d]) * qt.data()[d * qp + i];
+              dot += t;
+              mag += std::abs(t);
+            }
+            want[j * qp + i] = dot;
+            err[j * qp + i] = (D + 2) * kEps * mag;
+            lane_max[i] = std::max(lane_max[i], dot);
+          }
+        // Scores, and the new max: lanes of even index start above every score, odd below.
+        for (int i = 0; i < qp; ++i)
+          m.data()[i] = static_cast<float>(lane_max[i] + (i % 2 == 0 ? 1.0 : -1.0));
+        k.kr_score_block(kr.data(), ks, D, nk, qt.data(), qp, m.data(), st.data(), mnew.data());
+        for (int i = 0; i < qp; ++i) {
+          float got_max = m.data()[i];
+          for (std::int64_t j = 0; j < nk; ++j) {
+            const float s = st.data()[j * qp + i];
+            ASSERT_LE(std::abs(s - want[j * qp + i]), err[j * qp + i])
+                << what << ": score of key " << j << " lane " << i;
+            got_max = std::max(got_max, s);
+          }
+          ASSERT_EQ(mnew.data()[i], got_max) << what << ": the max of lane " << i;
+        }
+        // One pass against m = the largest score - 3.
+        for (int i = 0; i < qp; ++i) m.data()[i] = static_cast<float>(lane_max[i] - 3.0);
+        ASSERT_TRUE(
+            k.kr_prob_block(kr.data(), ks, D, nk, qt.data(), qp, m.data(), st.data(), sums.data()))
+            << what;
+        for (int i = 0; i < qp; ++i) {
+          double sum = 0, tol = 0;
+          for (std::int64_t j = 0; j < nk; ++j) {
+            const double x = want[j * qp + i] - m.data()[i], e = std::exp2(x);
+            const double rel = 3e-7 + std::log(2.0) * (err[j * qp + i] + kEps * std::abs(x));
+            ASSERT_LE(std::abs(st.data()[j * qp + i] - e), rel * e)
+                << what << ": weight of key " << j << " lane " << i;
+            sum += e;
+            tol += (rel + nk * kEps) * e;
+          }
+          ASSERT_LE(std::abs(sums.data()[i] - sum), tol) << what << ": the sum of lane " << i;
+        }
+        // P V on those weights, into an Accᵀ that holds something already.
+        fill(acct.data(), Dv * qp, 43);
+        std::vector<float> acc0(acct.data(), acct.data() + Dv * qp);
+        k.kr_pv_block(vr.data(), ks, Dv, nk, st.data(), qp, acct.data());
+        for (std::int64_t c = 0; c < Dv; ++c)
+          for (int i = 0; i < qp; ++i) {
+            double want_acc = acc0[c * qp + i], mag = std::abs(want_acc);
+            for (std::int64_t j = 0; j < nk; ++j) {
+              const double t = double(vr.data()[j * ks + c]) * st.data()[j * qp + i];
+              want_acc += t;
+              mag += std::abs(t);
+            }
+            ASSERT_LE(std::abs(acct.data()[c * qp + i] - want_acc), (nk + 2) * kEps * mag)
+                << what << ": Acc of column " << c << " lane " << i;
+          }
+        // A lane whose largest score is 8.5 above its max refuses the block, whichever lane.
+        for (int lane : {0, qp - 1}) {
+          m.data()[lane] = static_cast<float>(lane_max[lane] - 8.5);
+          EXPECT_FALSE(k.kr_prob_block(kr.data(), ks, D, nk, qt.data(), qp, m.data(), st.data(),
+                                       sums.data()))
+              << what << ": lane " << lane;
+          m.data()[lane] = static_cast<float>(lane_max[lane] - 3.0);
+        }
+      }
+}
+
 TEST_P(Micro, ScoreTileMatchesDouble) {
   const auto& k = mk();
   const int W = k.score_cols * k.lanes;
