@@ -684,8 +684,6 @@ void WriteQueryBlock(const detail::Problem& p, const detail::Plan& pl, const Tas
                        });
 }
 
-// The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the
-// block (one after its scores, one after its P V).
 // How many of task tn's K/V rows, from its first key block's kb_first on, the task before it asks
 // for while it runs (InputsAheadOf): up to Plan::ahead_kv_bytes.
 CPUATTN_ALWAYS_INLINE std::int64_t KeysAskedAhead(const detail::Problem& p, const detail::Plan& pl,
@@ -694,6 +692,8 @@ CPUATTN_ALWAYS_INLINE std::int64_t KeysAskedAhead(const detail::Problem& p, cons
                                   std::max<std::int64_t>(0, tn.k1 - kb_first));
 }
 
+// The InputsAhead of query block qb of task t, in two shares per key block and K/V head of the
+// block (one after its scores, one after its P V).
 template <class O>
 InputsAhead InputsAheadOf(const detail::Problem& p, const detail::Plan& pl, std::int64_t t,
                           const TaskCoords& tc, const QueryBlock& q, std::int64_t qb,
