@@ -17,12 +17,15 @@
 //                              the operands (unspecified which): kernels that must propagate NaN
 //                              test for it (IsNaN) themselves.
 //   Floor                      exact, for finite lanes.
-//   FloorFrac(x)               x - floor(x) in [0, 1), exact (one rounding-free operation) for
-//                              finite lanes; NaN for NaN.
-//   LdExpFloor(p, x)           p * 2^floor(x) exactly where x > -126, p is in [0.5, 2) and the
-//                              product is a normal float; exactly 0 where x <= -126 (also -inf,
-//                              whatever p is); NaN where x and p are NaN (Exp2's p is, for a NaN
-//                              x). Other lanes: unspecified value, never undefined behaviour.
+//   Exp2Frac(x)                x - n for Exp2's integer n: n = floor(x), so x - n in [0, 1),
+//                              where O::kExp2Centered is false; n = x rounded to nearest, so
+//                              x - n in [-0.5, 0.5], where it is true. Exact for |x| < 2^22; NaN
+//                              for NaN.
+//   Exp2Scale(p, x)            p * 2^n, n as Exp2Frac's: exact where x > -126, p is in [0.5, 2)
+//                              and the product is a normal float; exactly 0 where x <= -126 (also
+//                              -inf, whatever p is); NaN where x and p are NaN (Exp2's p is, for
+//                              a NaN x). Other lanes: unspecified value, never undefined
+//                              behaviour.
 //   ReduceSum                  sum of the lanes, association order unspecified.
 //   ReduceMax                  the largest lane, exactly; -inf when every lane is -inf.
 //   Lt, Ge, IsNaN, IfThenElse  lane masks and selection, exact (comparisons with NaN are false).
@@ -39,10 +42,10 @@
 
 namespace cpuattn::simd {
 
-// LdExpFloor (and so Exp2) gives exactly 0 for x at or below this, on every target. The online
+// Exp2Scale (and so Exp2) gives exactly 0 for x at or below this, on every target. The online
 // softmax relies on it: a rescale factor Exp2(m - m_new) of 0 clears the accumulator instead of
-// multiplying it (kernels/flash/softmax-inl.h). Above it, Exp2's p in [0.99999994, 2) times
-// 2^floor(x) is a normal float; at -126 itself it would be a denormal.
+// multiplying it (kernels/flash/softmax-inl.h). Above it, Exp2's p times 2^n is a normal float;
+// at -126 itself it would be a denormal.
 inline constexpr float kExp2ZeroAtOrBelow = -126.0f;
 
 template <class O>
@@ -71,8 +74,9 @@ concept VectorOps = requires(typename O::V v, typename O::M m, float* p, const f
   { O::Max(v, v) } -> std::same_as<typename O::V>;
   { O::Abs(v) } -> std::same_as<typename O::V>;
   { O::Floor(v) } -> std::same_as<typename O::V>;
-  { O::FloorFrac(v) } -> std::same_as<typename O::V>;
-  { O::LdExpFloor(v, v) } -> std::same_as<typename O::V>;
+  requires std::same_as<decltype(O::kExp2Centered), const bool>;
+  { O::Exp2Frac(v) } -> std::same_as<typename O::V>;
+  { O::Exp2Scale(v, v) } -> std::same_as<typename O::V>;
   { O::ReduceSum(v) } -> std::same_as<float>;
   { O::ReduceMax(v) } -> std::same_as<float>;
   { O::Lt(v, v) } -> std::same_as<typename O::M>;

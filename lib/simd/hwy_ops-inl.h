@@ -101,13 +101,16 @@ struct HwyOps : simd::Tiles<CPUATTN_SIMD_BITS, CPUATTN_ARM_SIMD_BITS> {
   }
 
 #if CPUATTN_SIMD_BITS >= 128
-  static HWY_INLINE V FloorFrac(V x) { return V{x86::FloorFrac(x.raw)}; }
-  static HWY_INLINE V LdExpFloor(V p, V x) { return V{x86::LdExpFloor(p.raw, x.raw)}; }
+  static constexpr bool kExp2Centered = x86::kExp2Centered;
+  static HWY_INLINE V Exp2Frac(V x) { return V{x86::Exp2Frac(x.raw)}; }
+  static HWY_INLINE V Exp2Scale(V p, V x) { return V{x86::Exp2Scale(p.raw, x.raw)}; }
 #else
-  static HWY_INLINE V FloorFrac(V x) { return hn::Sub(R(x), hn::Floor(R(x))); }
-  // floor(x) added to p's exponent field, as x86::LdExpFloor does (exact for -126 < x < 128 with
-  // Exp2's p), in unsigned lanes: the emulated target's signed overflow would be undefined.
-  static HWY_INLINE V LdExpFloor(V p, V x) {
+  // n = floor(x): frintm is one instruction on NEON and SVE.
+  static constexpr bool kExp2Centered = false;
+  static HWY_INLINE V Exp2Frac(V x) { return hn::Sub(R(x), hn::Floor(R(x))); }
+  // floor(x) added to p's exponent field (exact for -126 < x < 128 with Exp2's p), in unsigned
+  // lanes: the emulated target's signed overflow would be undefined.
+  static HWY_INLINE V Exp2Scale(V p, V x) {
     const hn::RebindToSigned<D> di;
     const hn::RebindToUnsigned<D> du;
     auto fl = hn::Floor(R(x));

@@ -16,38 +16,46 @@
 
 CPUATTN_NAMESPACE_BEGIN
 
+// c[0] f^(N-1) + ... + c[N-1] by Horner's rule in multiply-adds.
+template <class O, int N>
+CPUATTN_ALWAYS_INLINE typename O::V Horner(typename O::V f, const float (&c)[N]) {
+  typename O::V p = O::Set(c[0]);
+  for (int i = 1; i < N; ++i) p = O::MulAdd(p, f, O::Set(c[i]));
+  return p;
+}
+
 // 2^x. Maximum relative error 3e-7 (2.5 ulp) for x in (-126, 127]; x <= -126 gives exactly 0
 // (never a denormal), so a masked score of -inf gives 0; NaN gives NaN; above 127 unspecified.
-// Method: x = n + f with n = floor(x) and f in [0, 1) (FloorFrac: one vreduceps on AVX-512);
-// 2^f by a degree-5 polynomial fitted for minimum relative error on [0, 1) (1.45e-7 in f32 Horner
-// form); LdExpFloor applies 2^n from x itself (vscalefps on AVX-512, the exponent bits
-// elsewhere), and zeroes the lanes at or below -126 whatever the polynomial gave for them.
+// Method: x = n + f with the target's integer n (simd/contract.h: floor(x), f in [0, 1), by one
+// vreduceps on AVX-512; nearest, f in [-0.5, 0.5], by one add on AVX2 and SSE4); 2^f by a
+// degree-5 polynomial fitted for minimum relative error on f's range (1.45e-7 in f32 Horner form
+// on [0, 1); 1.55e-7 on [-0.5, 0.5], fitted with p(0) = 1 exactly, so that 2^x <= 1 for x <= 0,
+// which SoftCap's 1 - e needs: a free p(0) of 1.00000012 made it negative for tiny x); Exp2Scale
+// applies 2^n and zeroes the lanes at or below -126 whatever the polynomial gave for them.
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V Exp2(typename O::V x) {
-  const typename O::V f = O::FloorFrac(x);
-  typename O::V p = O::Set(1.8762338e-03f);
-  p = O::MulAdd(p, f, O::Set(8.992582e-03f));
-  p = O::MulAdd(p, f, O::Set(5.5823606e-02f));
-  p = O::MulAdd(p, f, O::Set(2.4015453e-01f));
-  p = O::MulAdd(p, f, O::Set(6.9315296e-01f));
-  p = O::MulAdd(p, f, O::Set(9.9999994e-01f));
-  return O::LdExpFloor(p, x);
+  static constexpr float kFloor[] = {1.8762338e-03f, 8.992582e-03f,  5.5823606e-02f,
+                                     2.4015453e-01f, 6.9315296e-01f, 9.9999994e-01f};
+  static constexpr float kCentered[] = {1.32647285e-03f, 9.67151299e-03f, 5.55072613e-02f,
+                                        2.40222439e-01f, 6.93147004e-01f, 1.0f};
+  const typename O::V f = O::Exp2Frac(x);
+  return O::Exp2Scale(Horner<O>(f, O::kExp2Centered ? kCentered : kFloor), x);
 }
 
 // 2^x for probabilities that are rounded to bf16 next (8 significant bits): maximum relative error
 // 3e-6 for x in (-126, 127], the rest as Exp2. Method: Exp2's, with 2^f by a degree-4 polynomial
-// fitted for minimum relative error on [0, 1) (2.7e-6 in f32 Horner form): one multiply-add
-// fewer than Exp2 in the softmax of the native bf16 tiles, at 1/1400 of the bf16 rounding that
-// follows (docs/precision.md; degree 3, 7.5e-5, moved the log-sum-exp past its bound).
+// fitted for minimum relative error on f's range (2.7e-6 in f32 Horner form on either): one
+// multiply-add fewer than Exp2 in the softmax of the native bf16 tiles, at 1/1400 of the bf16
+// rounding that follows (docs/precision.md; degree 3, 7.5e-5, moved the log-sum-exp past its
+// bound).
 template <class O>
 CPUATTN_ALWAYS_INLINE typename O::V Exp2Bf16(typename O::V x) {
-  const typename O::V f = O::FloorFrac(x);
-  typename O::V p = O::Set(0.01353414636105299f);
-  p = O::MulAdd(p, f, O::Set(0.05201149359345436f));
-  p = O::MulAdd(p, f, O::Set(0.2414427399635315f));
-  p = O::MulAdd(p, f, O::Set(0.6930038332939148f));
-  p = O::MulAdd(p, f, O::Set(1.0000026226043701f));
-  return O::LdExpFloor(p, x);
+  static constexpr float kFloor[] = {0.01353414636105299f, 0.05201149359345436f,
+                                     0.2414427399635315f, 0.6930038332939148f, 1.0000026226043701f};
+  static constexpr float kCentered[] = {9.57010221e-03f, 5.59179634e-02f, 2.40247265e-01f,
+                                        6.93121791e-01f, 9.99999285e-01f};
+  const typename O::V f = O::Exp2Frac(x);
+  return O::Exp2Scale(Horner<O>(f, O::kExp2Centered ? kCentered : kFloor), x);
 }
 
 // P of tanh x = x + x^3 P(x^2) for |x| < 0.625: degree 4, fitted for minimum relative error on

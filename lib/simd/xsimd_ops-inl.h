@@ -81,8 +81,9 @@ struct XsimdOps : simd::Tiles<CPUATTN_XSIMD_ARCH> {
     return V(x86::KeepIfByteSet(Raw(s), bytes));
   }
 
-  static CPUATTN_ALWAYS_INLINE V FloorFrac(V x) { return V(x86::FloorFrac(Raw(x))); }
-  static CPUATTN_ALWAYS_INLINE V LdExpFloor(V p, V x) { return V(x86::LdExpFloor(Raw(p), Raw(x))); }
+  static constexpr bool kExp2Centered = x86::kExp2Centered;
+  static CPUATTN_ALWAYS_INLINE V Exp2Frac(V x) { return V(x86::Exp2Frac(Raw(x))); }
+  static CPUATTN_ALWAYS_INLINE V Exp2Scale(V p, V x) { return V(x86::Exp2Scale(Raw(p), Raw(x))); }
 
   static CPUATTN_ALWAYS_INLINE void Transpose(V* r) {
     Raw raw[kLanes];

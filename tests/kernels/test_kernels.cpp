@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -66,6 +67,9 @@ void ExpectExp2Stated(void (*exp2)(const float*, float*, std::size_t), double bo
   std::vector<float> x;
   for (double v = -126.0 + 1.0 / 1024; v <= 127.0; v += 1.0 / 1024)
     x.push_back(static_cast<float>(v));
+  // Every fraction a target's polynomial sees, finely: [0, 1) for a floor step, [-0.5, 0.5] for
+  // a nearest one; the worst f32 rounding sits between the grid above's points.
+  for (double v = -1.0; v < 1.0; v += 1.0 / (1 << 18)) x.push_back(static_cast<float>(v));
   for (float v :
        {0.0f, -0.5f, 0.5f, -1e-8f, 1e-8f, -125.999f, 126.9f, -125.0f, std::nextafter(-126.0f, 0.0f),
         std::nextafter(-125.0f, -126.0f), std::nextafter(1.0f, 0.0f), std::nextafter(-3.0f, 0.0f)})
@@ -94,9 +98,32 @@ void ExpectExp2Stated(void (*exp2)(const float*, float*, std::size_t), double bo
   exp2(special, out, kSpecial);
   for (int i = 0; i + 1 < kSpecial; ++i) EXPECT_EQ(out[i], 0.0f) << "x = " << special[i];
   EXPECT_TRUE(std::isnan(out[kSpecial - 1]));
+  // NaNs whose payload fills the low mantissa bits (a caller's NaN in Q reaches exp2 with its
+  // payload), of either sign: still NaN.
+  std::vector<float> nans;
+  for (std::uint32_t payload : {1u, 0x7fu, 0x1ffu, 0x155u, 0x3fffffu})
+    for (std::uint32_t sign : {0u, 0x80000000u})
+      nans.push_back(std::bit_cast<float>(sign | 0x7fc00000u | payload));
+  std::vector<float> nan_out(nans.size());
+  exp2(nans.data(), nan_out.data(), nans.size());
+  for (std::size_t i = 0; i < nans.size(); ++i)
+    EXPECT_TRUE(std::isnan(nan_out[i]))
+        << "bits " << std::hex << std::bit_cast<std::uint32_t>(nans[i]) << " gave " << nan_out[i];
 }
 
 TEST_P(Micro, Exp2StatedError) { ExpectExp2Stated(mk().exp2, 3e-7); }
+
+// SoftCap's cap (1 - e) / (1 + e) takes its sign from 1 - e: Exp2 must not pass 1 below 0.
+TEST_P(Micro, Exp2AtMostOneBelowZero) {
+  std::vector<float> x;
+  for (float v = -1e-30f; v > -2.0f; v *= 1.01f) x.push_back(v);
+  for (float v = -1.0f; v <= 0.0f; v = std::nextafter(v, 1.0f) + 1.0f / (1 << 20)) x.push_back(v);
+  x.push_back(-0.0f);
+  x.push_back(0.0f);
+  std::vector<float> y(x.size());
+  mk().exp2(x.data(), y.data(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_LE(y[i], 1.0f) << "x = " << x[i];
+}
 
 // The exp2 of the native bf16 tiles' probabilities, tested on every target as written.
 TEST_P(Micro, Exp2Bf16StatedError) { ExpectExp2Stated(mk().exp2_bf16, 3e-6); }

@@ -80,14 +80,17 @@ CPUATTN_ALWAYS_INLINE void Transpose(__m512* r) {
   }
 }
 
+// Exp2's argument step: n = floor(x), which vreduceps and vscalefps both take from x itself.
+inline constexpr bool kExp2Centered = false;
+
 // x - floor(x) in one vreduceps (round down, 0 fraction bits kept).
-CPUATTN_ALWAYS_INLINE __m512 FloorFrac(__m512 x) {
+CPUATTN_ALWAYS_INLINE __m512 Exp2Frac(__m512 x) {
   return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
 
-// p * 2^floor(x) by vscalefps, which takes floor(x) itself; lanes with x <= -126 are zeroed by
-// the mask (the comparison is true for NaN, so NaN stays NaN).
-CPUATTN_ALWAYS_INLINE __m512 LdExpFloor(__m512 p, __m512 x) {
+// p * 2^floor(x) by vscalefps; lanes with x <= -126 are zeroed by the mask (the comparison is
+// true for NaN, so NaN stays NaN).
+CPUATTN_ALWAYS_INLINE __m512 Exp2Scale(__m512 p, __m512 x) {
   const __mmask16 keep =
       _mm512_cmp_ps_mask(x, _mm512_set1_ps(simd::kExp2ZeroAtOrBelow), _CMP_NLE_UQ);
   return _mm512_maskz_scalef_ps(keep, p, x);
@@ -151,20 +154,28 @@ CPUATTN_ALWAYS_INLINE __m256 KeepIfByteSet(__m256 s, const std::uint8_t* bytes) 
 
 CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); }
 
-// x - floor(x); the floor is the one LdExpFloor takes, so a compiler computes it once for both.
-CPUATTN_ALWAYS_INLINE __m256 FloorFrac(__m256 x) { return _mm256_sub_ps(x, _mm256_floor_ps(x)); }
+// Exp2's argument step on AVX2 and SSE4: n = x rounded to nearest, by one add of kExp2Round =
+// 1.5 * 2^23 + 127. The sum lies in [2^23, 2^24), where a float's ulp is 1, so the add itself
+// rounds x (to nearest even) and leaves n + 127 in the low mantissa bits: shifted left by 23 they
+// are the bits of 2^n for -126 <= n <= 127. That replaces roundps (two uops on Intel's FMA ports)
+// and the float-to-int conversion of a floor form; 2^n is multiplied into p rather than added to
+// its exponent bits, so a NaN x, whose payload lands in those bits, still gives p's NaN.
+inline constexpr bool kExp2Centered = true;
+inline constexpr float kExp2Round = 12583039.0f;  // 1.5 * 2^23 + 127
 
-// p * 2^floor(x) by adding floor(x) to p's exponent field: cvttps(floor(x)) << 23 added to p's
-// bits as an integer, one operation fewer than building 2^floor(x) and multiplying, and off the
-// FMA pipes. Exact while the sum is a normal float's exponent; for Exp2's p in [0.99999994, 2)
-// that holds for -126 < x < 128, so lanes with x <= -126 are zeroed (x = -126 with p < 1 would
-// land on a denormal). cvttps gives 0x80000000 for NaN and out-of-range lanes, which the shift
-// turns into 0: p passes unchanged (NaN for a NaN x, as p is then; above 127 Exp2 leaves the
-// result unspecified), so no range fix-up is needed: Highway's ConvertTo adds five operations
-// (docs/performance.md#dm-avx2-ldexp).
-CPUATTN_ALWAYS_INLINE __m256 LdExpFloor(__m256 p, __m256 x) {
-  const __m256i n = _mm256_slli_epi32(_mm256_cvttps_epi32(_mm256_floor_ps(x)), 23);
-  const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n));
+// x - n in [-0.5, 0.5], exact for |x| < 2^22 (n - x is then a float); Exp2Scale's add is the
+// same one, which a compiler computes once for both.
+CPUATTN_ALWAYS_INLINE __m256 Exp2Frac(__m256 x) {
+  const __m256 round = _mm256_set1_ps(kExp2Round);
+  return _mm256_sub_ps(x, _mm256_sub_ps(_mm256_add_ps(x, round), round));
+}
+
+// p * 2^n, n as Exp2Frac's. Exact while the product is a normal float: for Exp2's p that holds
+// for -126 < x <= 127 (n = -126 only where x - n > 0, so p > 1 there), and lanes with x <= -126
+// are zeroed (x = -126 itself would give p(0) * 2^-126; -inf gives 0 * NaN before the zeroing).
+CPUATTN_ALWAYS_INLINE __m256 Exp2Scale(__m256 p, __m256 x) {
+  const __m256i t = _mm256_castps_si256(_mm256_add_ps(x, _mm256_set1_ps(kExp2Round)));
+  const __m256 scaled = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(t, 23)));
   const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(simd::kExp2ZeroAtOrBelow), _CMP_LE_OQ);
   return _mm256_andnot_ps(below, scaled);
 }
@@ -199,12 +210,18 @@ CPUATTN_ALWAYS_INLINE __m128 KeepIfByteSet(__m128 s, const std::uint8_t* bytes) 
 
 CPUATTN_ALWAYS_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
 
-// FloorFrac and LdExpFloor as the 256-bit ones above (SSE4.1's roundps).
-CPUATTN_ALWAYS_INLINE __m128 FloorFrac(__m128 x) { return _mm_sub_ps(x, _mm_floor_ps(x)); }
+// Exp2's argument step as the 256-bit one above.
+inline constexpr bool kExp2Centered = true;
+inline constexpr float kExp2Round = 12583039.0f;  // 1.5 * 2^23 + 127
 
-CPUATTN_ALWAYS_INLINE __m128 LdExpFloor(__m128 p, __m128 x) {
-  const __m128i n = _mm_slli_epi32(_mm_cvttps_epi32(_mm_floor_ps(x)), 23);
-  const __m128 scaled = _mm_castsi128_ps(_mm_add_epi32(_mm_castps_si128(p), n));
+CPUATTN_ALWAYS_INLINE __m128 Exp2Frac(__m128 x) {
+  const __m128 round = _mm_set1_ps(kExp2Round);
+  return _mm_sub_ps(x, _mm_sub_ps(_mm_add_ps(x, round), round));
+}
+
+CPUATTN_ALWAYS_INLINE __m128 Exp2Scale(__m128 p, __m128 x) {
+  const __m128i t = _mm_castps_si128(_mm_add_ps(x, _mm_set1_ps(kExp2Round)));
+  const __m128 scaled = _mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(t, 23)));
   return _mm_andnot_ps(_mm_cmple_ps(x, _mm_set1_ps(simd::kExp2ZeroAtOrBelow)), scaled);
 }
 #endif
