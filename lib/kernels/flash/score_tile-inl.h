@@ -153,6 +153,18 @@ CPUATTN_ALWAYS_INLINE void StoreProbs(const typename O::V (&acc)[R][O::kScoreCol
   }
 }
 
+// The lane-wise max of n[0, kN) as a balanced tree, ceil(log2 kN) max latencies deep: a chain over
+// a tile's accumulators (24 on AVX-512) held the tile's epilogue back on Intel's cores, with the
+// same operations (docs/performance.md#dm-tile-max-tree).
+template <class O, int kN>
+CPUATTN_ALWAYS_INLINE typename O::V MaxTree(const typename O::V* n) {
+  if constexpr (kN == 1) {
+    return n[0];
+  } else {
+    return O::Max(MaxTree<O, kN / 2>(n), MaxTree<O, kN - kN / 2>(n + kN / 2));
+  }
+}
+
 // ProbBlockTiles' tile: R rows x W keys of probabilities 2^(s - m[r]) into S rows, and their sums
 // into lsum rows, from the accumulators. The largest s - m of the tile goes into `seen` (one
 // vector, the lane-wise max over the block's tiles so far), which ProbBlockTiles checks against
@@ -196,13 +208,7 @@ CPUATTN_ALWAYS_INLINE bool ProbTile(const float* CPUATTN_RESTRICT q, std::int64_
     CPUATTN_UNROLL(16)
     for (int r = 0; r < R; ++r) neg_m[r] = O::Set(-m[r]);
     TileDots<O, R>(q, qs, D, kp, acc, neg_m);
-    V over = O::Set(-std::numeric_limits<float>::infinity());
-    CPUATTN_UNROLL(16)
-    for (int r = 0; r < R; ++r) {
-      CPUATTN_UNROLL(4)
-      for (int c = 0; c < C; ++c) over = O::Max(over, acc[r][c]);
-    }
-    O::Store(O::Max(O::Load(seen), over), seen);
+    O::Store(O::Max(O::Load(seen), MaxTree<O, R * C>(&acc[0][0])), seen);
   }
   StoreProbs<O, R>(acc, s, s_stride, lsum, lsum_stride);
   return true;
