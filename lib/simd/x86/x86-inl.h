@@ -51,6 +51,9 @@ CPUATTN_ALWAYS_INLINE P* After(Raw r, P* p) {
   return p;
 }
 
+// The add that rounds Exp2's argument to nearest on AVX2 and SSE4 (Exp2Frac below).
+inline constexpr float kExp2Round = 12583039.0f;  // 1.5 * 2^23 + 127
+
 #if CPUATTN_SIMD_BITS == 512
 // 16 x 16 floats: 32-bit and 64-bit unpacks within 128-bit blocks, then two rounds of 128-bit
 // block shuffles (48 shuffles where a lane-by-lane transpose costs a store per element).
@@ -161,7 +164,6 @@ CPUATTN_ALWAYS_INLINE void Stream(__m256 v, float* p) { _mm256_stream_ps(p, v); 
 // and the float-to-int conversion of a floor form; 2^n is multiplied into p rather than added to
 // its exponent bits, so a NaN x, whose payload lands in those bits, still gives p's NaN.
 inline constexpr bool kExp2Centered = true;
-inline constexpr float kExp2Round = 12583039.0f;  // 1.5 * 2^23 + 127
 
 // x - n in [-0.5, 0.5], exact for |x| < 2^22 (n - x is then a float); Exp2Scale's add is the
 // same one, which a compiler computes once for both.
@@ -212,7 +214,6 @@ CPUATTN_ALWAYS_INLINE void Stream(__m128 v, float* p) { _mm_stream_ps(p, v); }
 
 // Exp2's argument step as the 256-bit one above.
 inline constexpr bool kExp2Centered = true;
-inline constexpr float kExp2Round = 12583039.0f;  // 1.5 * 2^23 + 127
 
 CPUATTN_ALWAYS_INLINE __m128 Exp2Frac(__m128 x) {
   const __m128 round = _mm_set1_ps(kExp2Round);
